@@ -1,0 +1,75 @@
+"""Orbax round trips, the run's config record, and clear errors for missing or mismatched checkpoints."""
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import init_params, tiny_model_config
+from transformer import checkpoints, partitioning
+from transformer.config import ConfigError, base_config
+from transformer.model import Transformer
+from transformer.train import TrainState, abstract_train_state, make_optimizer
+
+
+def make_state(d_model=16, seed=0):
+  cfg = base_config()
+  cfg.model.d_model = d_model
+  model = Transformer(tiny_model_config(d_model=d_model))
+  state = TrainState.create(apply_fn=model.apply, params=init_params(model, seed),
+                            tx=make_optimizer(cfg))
+  return cfg, model, state
+
+
+def test_save_restore_round_trip(tmp_path):
+  cfg, model, state = make_state()
+  state = state.replace(step=state.step + 7)
+  mngr = checkpoints.manager(tmp_path, keep=2)
+  checkpoints.save(mngr, 7, state)
+  mngr.wait_until_finished()
+  sharding = partitioning.replicated(partitioning.data_mesh())
+  restored = checkpoints.restore(checkpoints.manager(tmp_path, read_only=True),
+                                 abstract_train_state(cfg, model, sharding))
+  assert int(restored.step) == 7
+  for a, b in zip(jax.tree.leaves(state.params) + jax.tree.leaves(state.opt_state),
+                  jax.tree.leaves(restored.params) + jax.tree.leaves(restored.opt_state)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_keeps_the_last_n(tmp_path):
+  _, _, state = make_state()
+  mngr = checkpoints.manager(tmp_path, keep=2)
+  for step in (1, 2, 3):
+    checkpoints.save(mngr, step, state)
+  mngr.wait_until_finished()
+  assert mngr.all_steps() == [2, 3]
+
+
+def test_missing_and_mismatched_checkpoints_are_clear_errors(tmp_path):
+  cfg, model, state = make_state()
+  sharding = partitioning.replicated(partitioning.data_mesh())
+  with pytest.raises(checkpoints.CheckpointError, match="no checkpoint in"):
+    checkpoints.restore(checkpoints.manager(tmp_path, keep=2),
+                        abstract_train_state(cfg, model, sharding))
+  mngr = checkpoints.manager(tmp_path, keep=2)
+  checkpoints.save(mngr, 3, state)
+  mngr.wait_until_finished()
+  with pytest.raises(checkpoints.CheckpointError, match="no checkpoint for step 5.*available steps: 3"):
+    checkpoints.restore(mngr, abstract_train_state(cfg, model, sharding), step=5)
+  wide_cfg, wide_model, _ = make_state(d_model=32)
+  with pytest.raises(checkpoints.CheckpointError, match="does not match this model"):
+    checkpoints.restore(mngr, abstract_train_state(wide_cfg, wide_model, sharding))
+
+
+def test_run_config_record(tmp_path):
+  cfg = base_config()
+  checkpoints.save_run_config(tmp_path, cfg)
+  assert checkpoints.load_run_config(tmp_path).model.d_model == 512
+  cfg.train.steps = 5  # training longer is a resume, not a different run
+  checkpoints.save_run_config(tmp_path, cfg)
+  cfg.model.d_model = 256
+  cfg.data.vocab_size = 100
+  with pytest.raises(ConfigError, match=r"different config \(model.d_model, data.vocab_size\)"):
+    checkpoints.save_run_config(tmp_path, cfg)
+  assert checkpoints.load_run_config(tmp_path).model.d_model == 512  # nothing overwritten
+  with pytest.raises(checkpoints.CheckpointError, match="not a training workdir"):
+    checkpoints.load_run_config(tmp_path / "elsewhere")

@@ -1,0 +1,68 @@
+"""Configs load with the paper's values, and bad values are one-line errors naming the key."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from transformer.config import ConfigError, validate
+
+CONFIGS = Path(__file__).parent.parent / "configs"
+
+
+def load(name, *args):
+  spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(*args)
+
+
+def test_wmt14_configs_have_the_papers_hyper_parameters():
+  base, big = load("wmt14_ende", "base"), load("wmt14_ende", "big")
+  for c in (base, big):
+    validate(c)
+    assert (c.train.adam_b1, c.train.adam_b2, c.train.adam_eps) == (0.9, 0.98, 1e-9)
+    assert (c.train.warmup_steps, c.train.label_smoothing) == (4000, 0.1)
+    assert (c.decode.beam_size, c.decode.alpha, c.decode.max_extra_len) == (4, 0.6, 50)
+    assert c.model.norm == "post" and c.model.positional == "sinusoidal" and c.model.share_embeddings
+    assert c.data.tokens_per_batch == 25000 and c.data.vocab_size == 37000
+  assert (base.model.num_layers, base.model.d_model, base.model.d_ff, base.model.num_heads,
+          base.model.dropout, base.train.steps) == (6, 512, 2048, 8, 0.1, 100_000)
+  assert (big.model.d_model, big.model.d_ff, big.model.num_heads, big.model.dropout,
+          big.train.steps) == (1024, 4096, 16, 0.3, 300_000)
+  with pytest.raises(ValueError, match="use :base or :big"):
+    load("wmt14_ende", "huge")
+
+
+def test_default_config_is_valid():
+  validate(load("multi30k"))
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("model.num_heads", 3, r"config.model.d_model \(256\) must be divisible by config.model.num_heads \(3\)"),
+    ("model.positional", "rotary", r"config.model.positional must be one of 'sinusoidal', 'learned'; got 'rotary'"),
+    ("model.norm", "sandwich", r"config.model.norm must be one of"),
+    ("model.d_ff", -5, r"config.model.d_ff must be a positive integer, got -5"),
+    ("model.num_layers", 0, r"config.model.num_layers must be a positive integer, got 0"),
+    ("data.tokens_per_batch", -100, r"config.data.tokens_per_batch must be a positive integer, got -100"),
+    ("model.dropout", 1.5, r"config.model.dropout must be a number in \[0, 1\), got 1.5"),
+    ("train.label_smoothing", -0.1, r"config.train.label_smoothing must be a number in \[0, 1\)"),
+    ("train.warmup_steps", -1, r"config.train.warmup_steps must be a positive integer"),
+    ("model.dtype", "float8", r"config.model.dtype must be one of"),
+    ("data.source", "wmt", r"config.data.source must be one of"),
+])
+def test_bad_values_name_the_key(key, value, message):
+  c = load("multi30k")
+  section, name = key.split(".")
+  with c.unlocked():
+    c[section][name] = value
+  with pytest.raises(ConfigError, match=message) as error:
+    validate(c)
+  assert "\n" not in str(error.value)
+
+
+def test_files_source_needs_its_paths():
+  c = load("multi30k")
+  c.data.source = "files"
+  with pytest.raises(ConfigError, match="config.data.train_src must name a text file"):
+    validate(c)

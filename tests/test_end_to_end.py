@@ -1,0 +1,83 @@
+"""Train a tiny model on a slice of the bundled data, resume it, and evaluate it as a user would."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import tiny_run_config
+from transformer.metrics import read_metrics
+from transformer.train import train_and_evaluate
+
+REPO = Path(__file__).parent.parent
+
+
+def run_cli(module, *args):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=600)
+
+
+def test_train_resume_and_evaluate(tmp_path):
+  cfg = tiny_run_config(tmp_path)
+  workdir = tmp_path / "run"
+  summary = train_and_evaluate(cfg, str(workdir))
+  assert summary["steps"] == 6 and summary["resumed_from"] == 0
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["3", "6"]
+  assert (workdir / "vocab.model").is_file() and (workdir / "config.json").is_file()
+  train_records = read_metrics(workdir, "train")
+  assert [r["step"] for r in train_records] == [2, 4, 6]
+  assert all(r["loss"] > 0 and r["tokens_per_sec"] > 0 for r in train_records)
+  assert [r["step"] for r in read_metrics(workdir, "eval")] == [3, 6]
+
+  # The command line resumes from step 6 and trains to step 8 with the same vocabulary.
+  vocab_bytes = (workdir / "vocab.model").read_bytes()
+  overrides = [f"--config.{k}={v}" for k, v in {
+      "data.source": "files", "data.train_src": cfg.data.train_src,
+      "data.train_tgt": cfg.data.train_tgt, "data.eval_src": cfg.data.eval_src,
+      "data.eval_tgt": cfg.data.eval_tgt, "data.vocab_size": 300, "data.max_len": 40,
+      "data.tokens_per_batch": 512, "model.num_layers": 1, "model.d_model": 32, "model.d_ff": 64,
+      "model.num_heads": 4, "model.max_len": 64, "model.dropout": 0.1,
+      "model.dtype": "float32", "train.steps": 8, "train.warmup_steps": 4,
+      "train.log_every": 2, "train.eval_every": 3, "train.checkpoint_every": 3,
+      "train.keep_checkpoints": 2, "train.dropout_rng": "threefry2x32",
+      "decode.max_extra_len": 5}.items()]
+  out = run_cli("transformer.train", "--config=configs/multi30k.py", f"--workdir={workdir}",
+                *overrides)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "Resumed from the checkpoint at step 6" in out.stderr
+  assert "step 8/8" in out.stderr
+  assert (workdir / "vocab.model").read_bytes() == vocab_bytes
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["6", "8"]
+
+  # The evaluation program, as its own process.
+  out = run_cli("transformer.evaluate", f"--workdir={workdir}", "--beam_size=2")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "sacreBLEU" in out.stdout and "step 8" in out.stdout
+  report = json.loads((workdir / "eval" / "validation_step8.json").read_text())
+  assert report["checkpoint_step"] == 8 and report["sentences"] == 40
+  assert 0.0 <= report["sacrebleu"]["bleu"] <= 100.0
+  assert report["sacrebleu"]["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+  assert report["decode"] == {"beam_size": 2, "alpha": 0.6, "max_extra_len": 5}
+  hypotheses = (workdir / "eval" / "validation_step8.hyp.txt").read_text().splitlines()
+  assert len(hypotheses) == 40
+  assert read_metrics(workdir, "bleu")[-1]["bleu"] == report["sacrebleu"]["bleu"]
+
+  # Errors are one clear line: a step that does not exist, a directory that is not a run.
+  out = run_cli("transformer.evaluate", f"--workdir={workdir}", "--step=5")
+  assert out.returncode != 0 and "no checkpoint for step 5" in out.stderr
+  assert "available steps: 6, 8" in out.stderr
+  out = run_cli("transformer.evaluate", f"--workdir={tmp_path / 'nothing'}")
+  assert out.returncode != 0 and "is not a training workdir" in out.stderr
+
+
+def test_info_prints_counts_and_flops():
+  out = run_cli("transformer.info", "--config=configs/wmt14_ende.py:base")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "63,082,496" in out.stdout and "analytic formula: 63,082,496 (matches)" in out.stdout
+  assert "65M (paper, 'base')" in out.stdout
+  assert "training FLOPs per target token: 0.381 GFLOP" in out.stdout
+  out = run_cli("transformer.info", "--config=configs/multi30k.py", "--config.model.num_heads=3")
+  assert out.returncode != 0
+  assert "config.model.d_model (256) must be divisible by config.model.num_heads (3)" in out.stderr

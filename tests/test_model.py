@@ -1,0 +1,133 @@
+"""The model against references: numpy attention, the paper's formulas, masking and caching laws."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import init_params, random_tokens, tiny_model_config
+from transformer.model import (ModelConfig, Transformer, analytic_param_count, dot_product_attention,
+                               shift_right, sinusoidal_encoding)
+from transformer.info import param_counts
+
+
+def numpy_attention(q, k, v, mask):
+  """softmax(Q K^T / sqrt(d_k)) V per batch and head, with float64 loops over heads."""
+  b, t, h, d = q.shape
+  out = np.zeros((b, t, h, d))
+  for bi in range(b):
+    for hi in range(h):
+      scores = q[bi, :, hi] @ k[bi, :, hi].T / math.sqrt(d)
+      scores = np.where(mask[bi, 0], scores, -np.inf)
+      weights = np.exp(scores - scores.max(-1, keepdims=True))
+      weights /= weights.sum(-1, keepdims=True)
+      out[bi, :, hi] = weights @ v[bi, :, hi]
+  return out
+
+
+def test_attention_matches_numpy(rng):
+  q, k, v = (rng.standard_normal((2, 5, 3, 8)) for _ in range(3))
+  k, v = k[:, :4], v[:, :4]
+  mask = rng.random((2, 1, 5, 4)) < 0.7
+  mask[..., 0] = True  # every query sees at least one key
+  got = dot_product_attention(jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32),
+                              jnp.asarray(v, jnp.float32), jnp.asarray(mask))
+  np.testing.assert_allclose(got, numpy_attention(q, k, v, mask), atol=1e-5)
+
+
+def test_sinusoidal_table_is_the_papers_formula():
+  length, d = 50, 16
+  expected = np.zeros((length, d))
+  for pos in range(length):
+    for i in range(d // 2):
+      expected[pos, 2 * i] = math.sin(pos / 10000 ** (2 * i / d))
+      expected[pos, 2 * i + 1] = math.cos(pos / 10000 ** (2 * i / d))
+  np.testing.assert_allclose(sinusoidal_encoding(jnp.arange(length), d), expected, atol=2e-5)
+
+
+@pytest.mark.parametrize("norm,positional", [("post", "sinusoidal"), ("pre", "learned")])
+def test_decoder_is_causal(rng, norm, positional):
+  model = Transformer(tiny_model_config(norm=norm, positional=positional))
+  params = init_params(model)
+  src = random_tokens(rng, 2, 6, 24)
+  tgt = random_tokens(rng, 2, 7, 24)
+  changed = tgt.copy()
+  changed[:, 4] = (changed[:, 4] + 1 - 4) % 20 + 4  # a different real input token at position 4
+  before = model.apply({"params": params}, src, tgt)
+  after = model.apply({"params": params}, src, changed)
+  np.testing.assert_allclose(before[:, :4], after[:, :4], atol=1e-5)
+  assert np.abs(before[:, 4:] - after[:, 4:]).max(axis=(0, 2)).min() > 1e-4  # later ones see it
+
+
+def test_padding_does_not_change_real_positions(rng):
+  model = Transformer(tiny_model_config())
+  params = init_params(model)
+  src, tgt = random_tokens(rng, 2, 6, 24), random_tokens(rng, 2, 5, 24)
+  logits = model.apply({"params": params}, src, shift_right(tgt))
+  padded_src = np.pad(src, ((0, 0), (0, 3)))
+  padded_tgt = np.pad(tgt, ((0, 0), (0, 4)))
+  padded = model.apply({"params": params}, padded_src, shift_right(padded_tgt))
+  np.testing.assert_allclose(padded[:, :5], logits, atol=1e-5)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"norm": "pre", "positional": "learned"},
+                                       {"share_embeddings": False}])
+def test_kv_cache_decoding_equals_full_forward(rng, overrides):
+  model = Transformer(tiny_model_config(**overrides))
+  params = init_params(model)
+  src = random_tokens(rng, 3, 6, 24, lengths=[6, 4, 2])
+  tgt_in = shift_right(random_tokens(rng, 3, 5, 24))
+  full = model.apply({"params": params}, src, tgt_in)
+  encoded = model.apply({"params": params}, src, method=Transformer.encode)
+  variables, steps = {"params": params}, []
+  for t in range(tgt_in.shape[1]):
+    logits, mutated = model.apply(variables, encoded, src, tgt_in[:, t:t + 1], decode=True,
+                                  decode_len=8, mutable=["cache"], method=Transformer.decode)
+    variables = {"params": params, "cache": mutated["cache"]}
+    steps.append(logits)
+  np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def test_logits_are_float32_with_bfloat16_activations(rng):
+  model = Transformer(tiny_model_config(dtype=jnp.bfloat16))
+  params = init_params(model)
+  logits = model.apply({"params": params}, random_tokens(rng, 1, 4, 24), random_tokens(rng, 1, 4, 24))
+  assert logits.dtype == jnp.float32
+  assert jax.tree.leaves(params)[0].dtype == jnp.float32
+
+
+PAPER_SIZES = {  # (N, d_model, d_ff, heads) -> exact count at a shared vocabulary of 37000
+    "base": ((6, 512, 2048, 8), 63_082_496),
+    "big": ((6, 1024, 4096, 16), 214_245_376),
+}
+
+
+def hand_count(n, d, f, v):
+  attention = 4 * (d * d + d)
+  ffn = 2 * d * f + f + d
+  return n * (attention + ffn + 4 * d) + n * (2 * attention + ffn + 6 * d) + v * d
+
+
+@pytest.mark.parametrize("size", ["base", "big"])
+def test_paper_model_parameter_counts(size):
+  (n, d, f, h), expected = PAPER_SIZES[size]
+  assert hand_count(n, d, f, 37000) == expected
+  config = ModelConfig(vocab_size=37000, num_layers=n, d_model=d, d_ff=f, num_heads=h)
+  counts = param_counts(config)
+  assert sum(c for k, c in counts.items() if "/" not in k) == expected
+  assert analytic_param_count(config) == expected
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(num_layers=2),                          # Table 3 row C, N=2
+    dict(d_model=256, num_heads=4),              # row C, d_model 256 (d_k 64)
+    dict(d_ff=4096),                             # row C, d_ff 4096
+    dict(positional="learned", max_len=100),     # row E
+    dict(norm="pre", share_embeddings=False),
+])
+def test_table3_variants_match_the_analytic_formula(overrides):
+  config = ModelConfig(vocab_size=37000, **overrides)
+  counts = param_counts(config)
+  assert sum(c for k, c in counts.items() if "/" not in k) == analytic_param_count(config)

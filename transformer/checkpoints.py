@@ -1,0 +1,86 @@
+"""What a run keeps in its workdir: the config it was started with, and Orbax checkpoints.
+
+    WORKDIR/config.json        the run's config (the evaluation program rebuilds the model from it)
+    WORKDIR/vocab.model        the SentencePiece vocabulary (data/vocab.py)
+    WORKDIR/checkpoints/<step> Orbax checkpoints of the train state, the last `keep` of them
+    WORKDIR/metrics.jsonl      one JSON object per logged event (metrics.py)
+
+Orbax's CheckpointManager writes asynchronously (training continues while the previous step's arrays
+are written) and atomically (a checkpoint directory appears only once complete).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+import orbax.checkpoint as ocp
+
+from transformer.config import ConfigError
+
+CONFIG_FILE = "config.json"
+CHECKPOINT_DIR = "checkpoints"
+# Sections that decide the model's shapes and the vocabulary: a resumed run must not change them.
+FIXED_SECTIONS = ("model", "data")
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint that is missing or cannot be restored; the message says what to do."""
+
+
+def save_run_config(workdir: str | os.PathLike, cfg: ml_collections.ConfigDict) -> None:
+  """Writes config.json, or checks that an existing one describes the same model and data."""
+  path = Path(workdir) / CONFIG_FILE
+  new = json.loads(cfg.to_json_best_effort())
+  if path.is_file():
+    old = json.loads(path.read_text())
+    changed = [f"{section}.{key}" for section in FIXED_SECTIONS
+               for key in sorted(set(old.get(section, {})) | set(new[section]))
+               if old.get(section, {}).get(key) != new[section].get(key)]
+    if changed:
+      raise ConfigError(f"{workdir} holds a run with a different config ({', '.join(changed)}); "
+                        "use a new --workdir, or the original values to resume it")
+  path.write_text(json.dumps(new, indent=2, sort_keys=True) + "\n")
+
+
+def load_run_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
+  path = Path(workdir) / CONFIG_FILE
+  if not path.is_file():
+    raise CheckpointError(f"{path} not found: {workdir} is not a training workdir "
+                          "(train first with transformer-train --workdir=...)")
+  return ml_collections.ConfigDict(json.loads(path.read_text()))
+
+
+def manager(workdir: str | os.PathLike, keep: int = 5, read_only: bool = False
+            ) -> ocp.CheckpointManager:
+  """A CheckpointManager over WORKDIR/checkpoints: asynchronous saves, keeps the last `keep`."""
+  if read_only:
+    options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0)
+  else:
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True)
+  return ocp.CheckpointManager(Path(workdir).absolute() / CHECKPOINT_DIR, options=options)
+
+
+def save(mngr: ocp.CheckpointManager, step: int, state: Any) -> None:
+  """Starts an asynchronous save of `state` at `step`; the caller decides the cadence."""
+  mngr.save(step, args=ocp.args.StandardSave(state), force=True)
+
+
+def restore(mngr: ocp.CheckpointManager, abstract_state: Any, step: int | None = None) -> Any:
+  """Restores `step` (default: the latest) into the shapes, dtypes and shardings of `abstract_state`."""
+  steps = mngr.all_steps()
+  if not steps:
+    raise CheckpointError(f"no checkpoint in {mngr.directory}; train first, or check --workdir")
+  if step is None:
+    step = max(steps)
+  elif step not in steps:
+    raise CheckpointError(f"no checkpoint for step {step} in {mngr.directory}; "
+                          f"available steps: {', '.join(map(str, sorted(steps)))}")
+  try:
+    return mngr.restore(step, args=ocp.args.StandardRestore(abstract_state))
+  except (ValueError, KeyError, FileNotFoundError) as e:
+    raise CheckpointError(f"checkpoint {step} in {mngr.directory} does not match this model "
+                          f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None

@@ -1,0 +1,143 @@
+"""Default hyper-parameters and one-time validation of a run's config.
+
+Config files in `configs/` start from `base_config()` (the paper's base model and recipe) and override
+what they change, so every key a researcher can type exists in one place, with the paper's value.
+`validate()` runs once at start-up and turns a bad value into a one-line error naming the key.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+POSITIONAL_KINDS = ("sinusoidal", "learned")
+NORM_KINDS = ("post", "pre")
+DTYPES = ("float32", "bfloat16", "float16")
+RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+DATA_SOURCES = ("multi30k", "files", "tfds")
+VOCAB_MODEL_TYPES = ("bpe", "unigram")
+
+
+class ConfigError(ValueError):
+  """A config value that cannot work; the message names the key and what to do."""
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """The paper's base Transformer (Vaswani et al., 2017, Table 3 'base') and training recipe."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  c.model = ml_collections.ConfigDict()
+  c.model.num_layers = 6            # N, for the encoder and the decoder alike.
+  c.model.d_model = 512
+  c.model.d_ff = 2048
+  c.model.num_heads = 8             # d_k = d_v = d_model / num_heads.
+  c.model.dropout = 0.1             # residual and embedding dropout (P_drop).
+  c.model.attention_dropout = 0.0   # the paper uses none.
+  c.model.positional = "sinusoidal"  # or 'learned' (Table 3 row E).
+  c.model.norm = "post"             # 'post' = LayerNorm(x + Sublayer(x)) as in the paper; or 'pre'.
+  c.model.share_embeddings = True   # source, target and pre-softmax matrices are one.
+  c.model.max_len = 256             # table size of learned positions; longest sequence trained.
+  c.model.dtype = "float32"         # activation dtype; parameters, logits and loss stay float32.
+
+  c.data = ml_collections.ConfigDict()
+  c.data.source = "multi30k"        # 'multi30k' (bundled) | 'files' | 'tfds'.
+  c.data.src_lang = "en"
+  c.data.tgt_lang = "de"
+  c.data.train_src = ""             # for source='files': parallel text, one sentence per line.
+  c.data.train_tgt = ""
+  c.data.eval_src = ""
+  c.data.eval_tgt = ""
+  c.data.tfds_name = ""             # for source='tfds', e.g. 'wmt14_translate/de-en'.
+  c.data.tfds_data_dir = ""
+  c.data.train_split = "train"
+  c.data.eval_split = "validation"
+  c.data.vocab_size = 37000         # shared SentencePiece vocabulary.
+  c.data.vocab_model_type = "bpe"
+  c.data.vocab_sample_sentences = 2_000_000
+  c.data.max_len = 256              # longer training pairs (in subword tokens) are dropped.
+  c.data.tokens_per_batch = 25000   # per side, padding included; the paper's ~25k.
+
+  c.train = ml_collections.ConfigDict()
+  c.train.steps = 100_000
+  c.train.warmup_steps = 4000
+  c.train.learning_rate = 1.0       # multiplier of d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
+  c.train.adam_b1 = 0.9
+  c.train.adam_b2 = 0.98
+  c.train.adam_eps = 1e-9
+  c.train.label_smoothing = 0.1
+  c.train.dropout_rng = "threefry2x32"  # JAX's default; 'unsafe_rbg' makes dropout ~2x cheaper on CPU.
+  c.train.log_every = 100
+  c.train.eval_every = 1000
+  c.train.checkpoint_every = 1000
+  c.train.keep_checkpoints = 5
+
+  c.decode = ml_collections.ConfigDict()
+  c.decode.beam_size = 4
+  c.decode.alpha = 0.6              # GNMT length penalty ((5 + len) / 6) ** alpha.
+  c.decode.max_extra_len = 50       # output may be up to input length + this.
+  c.decode.tokens_per_batch = 4096  # source tokens per decoding batch (before the beam).
+  return c
+
+
+def _positive(cfg: ml_collections.ConfigDict, key: str, allow_zero: bool = False) -> None:
+  section, name = key.split(".")
+  value = cfg[section][name]
+  if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (value == 0 and not allow_zero):
+    need = "a non-negative integer" if allow_zero else "a positive integer"
+    raise ConfigError(f"config.{key} must be {need}, got {value!r}")
+
+
+def _choice(cfg: ml_collections.ConfigDict, key: str, choices: tuple[str, ...]) -> None:
+  section, name = key.split(".")
+  value = cfg[section][name]
+  if value not in choices:
+    raise ConfigError(f"config.{key} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+
+
+def _probability(cfg: ml_collections.ConfigDict, key: str) -> None:
+  section, name = key.split(".")
+  value = cfg[section][name]
+  if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+    raise ConfigError(f"config.{key} must be a number in [0, 1), got {value!r}")
+
+
+def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Checks every value once, raising `ConfigError` with the key's name; returns `cfg`."""
+  for key in ("model.num_layers", "model.d_model", "model.d_ff", "model.num_heads", "model.max_len",
+              "data.vocab_size", "data.max_len", "data.tokens_per_batch", "data.vocab_sample_sentences",
+              "train.steps", "train.warmup_steps", "train.log_every", "train.eval_every",
+              "train.checkpoint_every", "train.keep_checkpoints", "decode.beam_size",
+              "decode.tokens_per_batch"):
+    _positive(cfg, key)
+  _positive(cfg, "decode.max_extra_len", allow_zero=True)
+  if cfg.model.d_model % cfg.model.num_heads:
+    raise ConfigError(f"config.model.d_model ({cfg.model.d_model}) must be divisible by "
+                      f"config.model.num_heads ({cfg.model.num_heads}): d_k = d_model / num_heads")
+  _choice(cfg, "model.positional", POSITIONAL_KINDS)
+  _choice(cfg, "model.norm", NORM_KINDS)
+  _choice(cfg, "model.dtype", DTYPES)
+  _choice(cfg, "data.source", DATA_SOURCES)
+  _choice(cfg, "train.dropout_rng", RNG_IMPLS)
+  _choice(cfg, "data.vocab_model_type", VOCAB_MODEL_TYPES)
+  for key in ("model.dropout", "model.attention_dropout", "train.label_smoothing"):
+    _probability(cfg, key)
+  for key in ("train.learning_rate", "train.adam_eps"):
+    section, name = key.split(".")
+    if not isinstance(cfg[section][name], (int, float)) or cfg[section][name] <= 0:
+      raise ConfigError(f"config.{key} must be a positive number, got {cfg[section][name]!r}")
+  for key in ("train.adam_b1", "train.adam_b2"):
+    _probability(cfg, key)
+  if cfg.decode.alpha < 0:
+    raise ConfigError(f"config.decode.alpha must be >= 0, got {cfg.decode.alpha!r}")
+  if cfg.data.vocab_size < 8:
+    raise ConfigError(f"config.data.vocab_size must be at least 8, got {cfg.data.vocab_size}")
+  if cfg.model.positional == "learned" and cfg.model.max_len < cfg.data.max_len:
+    raise ConfigError(f"config.model.max_len ({cfg.model.max_len}) must be >= config.data.max_len "
+                      f"({cfg.data.max_len}) for learned positions")
+  if cfg.data.source == "files":
+    for key in ("train_src", "train_tgt", "eval_src", "eval_tgt"):
+      if not cfg.data[key]:
+        raise ConfigError(f"config.data.{key} must name a text file when config.data.source='files'")
+  if cfg.data.source == "tfds" and not cfg.data.tfds_name:
+    raise ConfigError("config.data.tfds_name must be set when config.data.source='tfds'")
+  return cfg

@@ -1,0 +1,318 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) in Flax linen.
+
+Read top to bottom: config, positions, attention, feed-forward, encoder and decoder layers, the stacks,
+and the encoder-decoder model. Shapes use B batch, S source length, T target length, D d_model,
+H heads, K = d_k = d_v = D / H, V vocabulary.
+
+Faithful to the paper by default: post-LayerNorm residual blocks, sinusoidal positions, one matrix shared
+by the source embedding, the target embedding and the pre-softmax projection, embeddings scaled by
+sqrt(D), dropout on embeddings and on every sub-layer's output, ReLU feed-forward. Masks are applied
+with `where`; attention logits, softmax, output logits (and the loss, in train.py) are float32 whatever
+the activation dtype. For decoding, the decoder keeps an autoregressive key/value cache in the 'cache'
+collection: self-attention appends one position per step, encoder-decoder attention projects the
+encoder output once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Static model hyper-parameters (hashable, so jit can treat the model as a constant)."""
+  vocab_size: int
+  num_layers: int = 6
+  d_model: int = 512
+  d_ff: int = 2048
+  num_heads: int = 8
+  dropout: float = 0.1
+  attention_dropout: float = 0.0
+  positional: str = "sinusoidal"
+  norm: str = "post"
+  share_embeddings: bool = True
+  max_len: int = 256
+  dtype: Any = jnp.float32
+
+  @classmethod
+  def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "ModelConfig":
+    """Builds the model config from a run config's `model` section and the vocabulary size."""
+    fields = {f.name for f in dataclasses.fields(cls)} - {"vocab_size", "dtype"}
+    return cls(vocab_size=vocab_size, dtype=jnp.dtype(model.dtype),
+               **{name: model[name] for name in fields})
+
+
+# ----------------------------------------------------------------------------------------- positions
+
+def sinusoidal_encoding(positions: jax.Array, d_model: int) -> jax.Array:
+  """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D)); [..., D] float32."""
+  i = jnp.arange(d_model // 2, dtype=jnp.float32)
+  angles = positions[..., None].astype(jnp.float32) / jnp.power(10000.0, 2.0 * i / d_model)
+  return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, d_model)
+
+
+class Positions(nn.Module):
+  """Adds position information to embeddings: the paper's sinusoids or a learned table."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+    cfg = self.config
+    if cfg.positional == "learned":
+      table = nn.Embed(cfg.max_len, cfg.d_model, embedding_init=nn.initializers.normal(0.02),
+                       name="learned")
+      encoding = table(positions)
+    else:
+      encoding = sinusoidal_encoding(positions, cfg.d_model)
+    return x + encoding.astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------- attention
+
+# Glorot-uniform on the flattened (fan_in, fan_out) kernel, as DenseGeneral initialises it.
+_dense_init = nn.initializers.xavier_uniform()
+
+def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None,
+                          dropout: Callable[[jax.Array], jax.Array] = lambda w: w) -> jax.Array:
+  """softmax(Q K^T / sqrt(d_k)) V per head; [B,T,H,K] x [B,S,H,K] -> [B,T,H,K].
+
+  `mask` broadcasts to [B,H,T,S] and is True where a query may attend. Logits and softmax are float32.
+  """
+  depth = query.shape[-1]
+  logits = jnp.einsum("bthk,bshk->bhts", query, key, preferred_element_type=jnp.float32)
+  logits = logits / math.sqrt(depth)
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  weights = dropout(jax.nn.softmax(logits, axis=-1))
+  return jnp.einsum("bhts,bshk->bthk", weights.astype(value.dtype), value)
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention with d_k = d_v = D / H.
+
+  `cache` selects decoding behaviour: None (full sequences), 'self' (one new query position per call;
+  keys and values are appended to a cache of length `decode_len`), 'cross' (keys and values of the
+  encoder output are projected on the first call and reused).
+  """
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array, mask: jax.Array | None, *,
+               deterministic: bool, cache: str | None = None, decode_len: int = 0) -> jax.Array:
+    cfg = self.config
+    heads, depth = cfg.num_heads, cfg.d_model // cfg.num_heads
+    project = lambda name: nn.DenseGeneral(  # noqa: E731  D -> (H, K)
+        (heads, depth), dtype=cfg.dtype, name=name, kernel_init=_dense_init)
+    query = project("query")(inputs_q)
+    key_proj, value_proj = project("key"), project("value")
+
+    if cache == "cross":
+      key = self.variable("cache", "cached_key", key_proj, inputs_kv).value
+      value = self.variable("cache", "cached_value", value_proj, inputs_kv).value
+    elif cache == "self":
+      new_key, new_value = key_proj(inputs_kv), value_proj(inputs_kv)  # [B, 1, H, K]
+      shape = (new_key.shape[0], decode_len, heads, depth)
+      cached_key = self.variable("cache", "cached_key", jnp.zeros, shape, new_key.dtype)
+      cached_value = self.variable("cache", "cached_value", jnp.zeros, shape, new_value.dtype)
+      index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+      i = index.value
+      cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, new_key, (0, i, 0, 0))
+      cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, new_value, (0, i, 0, 0))
+      index.value = i + 1
+      key, value = cached_key.value, cached_value.value
+      mask = (jnp.arange(cached_key.value.shape[1]) <= i)[None, None, None, :]
+    else:
+      key, value = key_proj(inputs_kv), value_proj(inputs_kv)
+
+    attention_dropout = lambda w: nn.Dropout(cfg.attention_dropout)(  # noqa: E731
+        w, deterministic=deterministic or cfg.attention_dropout == 0.0)
+    out = dot_product_attention(query, key, value, mask, attention_dropout)
+    return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), dtype=cfg.dtype, name="out",
+                           kernel_init=_dense_init)(out)
+
+
+# ------------------------------------------------------------------------------------------- layers
+
+
+class FeedForward(nn.Module):
+  """FFN(x) = max(0, x W1 + b1) W2 + b2."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    cfg = self.config
+    x = nn.Dense(cfg.d_ff, dtype=cfg.dtype, kernel_init=_dense_init, name="wi")(x)
+    return nn.Dense(cfg.d_model, dtype=cfg.dtype, kernel_init=_dense_init, name="wo")(nn.relu(x))
+
+
+def residual(config: ModelConfig, x: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
+             norm: nn.LayerNorm, deterministic: bool) -> jax.Array:
+  """Post-LN: LayerNorm(x + Dropout(f(x))), as in the paper; pre-LN: x + Dropout(f(LayerNorm(x)))."""
+  drop = lambda y: nn.Dropout(config.dropout)(y, deterministic=deterministic)  # noqa: E731
+  if config.norm == "pre":
+    return x + drop(sublayer(norm(x)))
+  return norm(x + drop(sublayer(x)))
+
+
+def _layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
+  return nn.LayerNorm(epsilon=1e-6, dtype=config.dtype, name=name)
+
+
+class EncoderLayer(nn.Module):
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
+    cfg = self.config
+    attend = MultiHeadAttention(cfg, name="self_attention")
+    x = residual(cfg, x, lambda y: attend(y, y, mask, deterministic=deterministic),
+                 _layer_norm(cfg, "self_attention_norm"), deterministic)
+    return residual(cfg, x, FeedForward(cfg, name="ffn"), _layer_norm(cfg, "ffn_norm"), deterministic)
+
+
+class DecoderLayer(nn.Module):
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, encoded: jax.Array, self_mask: jax.Array | None,
+               cross_mask: jax.Array, deterministic: bool, decode: bool = False,
+               decode_len: int = 0) -> jax.Array:
+    cfg = self.config
+    self_attend = MultiHeadAttention(cfg, name="self_attention")
+    cross_attend = MultiHeadAttention(cfg, name="cross_attention")
+    x = residual(cfg, x, lambda y: self_attend(y, y, self_mask, deterministic=deterministic,
+                                               cache="self" if decode else None,
+                                               decode_len=decode_len),
+                 _layer_norm(cfg, "self_attention_norm"), deterministic)
+    x = residual(cfg, x, lambda y: cross_attend(y, encoded, cross_mask, deterministic=deterministic,
+                                                cache="cross" if decode else None),
+                 _layer_norm(cfg, "cross_attention_norm"), deterministic)
+    return residual(cfg, x, FeedForward(cfg, name="ffn"), _layer_norm(cfg, "ffn_norm"), deterministic)
+
+
+# ------------------------------------------------------------------------------------------- stacks
+
+def embed_tokens(config: ModelConfig, embed: nn.Embed, tokens: jax.Array) -> jax.Array:
+  """Token embeddings scaled by sqrt(D), as the paper does for the shared matrix."""
+  return embed(tokens) * jnp.asarray(math.sqrt(config.d_model), config.dtype)
+
+
+class Encoder(nn.Module):
+  config: ModelConfig
+  embed: nn.Embed
+
+  @nn.compact
+  def __call__(self, src: jax.Array, deterministic: bool) -> jax.Array:
+    cfg = self.config
+    x = embed_tokens(cfg, self.embed, src)
+    x = Positions(cfg, name="positions")(x, jnp.arange(src.shape[1])[None, :])
+    x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
+    mask = source_mask(src)
+    for i in range(cfg.num_layers):
+      x = EncoderLayer(cfg, name=f"layer_{i}")(x, mask, deterministic)
+    if cfg.norm == "pre":
+      x = _layer_norm(cfg, "final_norm")(x)
+    return x
+
+
+class Decoder(nn.Module):
+  """Decoder stack and the pre-softmax projection (the shared embedding, or its own matrix)."""
+  config: ModelConfig
+  embed: nn.Embed
+
+  @nn.compact
+  def __call__(self, encoded: jax.Array, src: jax.Array, tgt_in: jax.Array, deterministic: bool,
+               decode: bool = False, decode_len: int = 0) -> jax.Array:
+    cfg = self.config
+    if decode:  # one position per call; the cache remembers where we are.
+      position = self.variable("cache", "position", lambda: jnp.zeros((), jnp.int32))
+      positions = jnp.broadcast_to(position.value, tgt_in.shape)
+      position.value = position.value + 1
+      self_mask = None  # the self-attention cache masks positions not yet written.
+    else:
+      positions = jnp.arange(tgt_in.shape[1])[None, :]
+      self_mask = nn.make_causal_mask(tgt_in, dtype=jnp.bool_) & (tgt_in != PAD_ID)[:, None, None, :]
+    x = embed_tokens(cfg, self.embed, tgt_in)
+    x = Positions(cfg, name="positions")(x, positions)
+    x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
+    cross_mask = source_mask(src)
+    for i in range(cfg.num_layers):
+      x = DecoderLayer(cfg, name=f"layer_{i}")(x, encoded, self_mask, cross_mask, deterministic,
+                                               decode, decode_len)
+    if cfg.norm == "pre":
+      x = _layer_norm(cfg, "final_norm")(x)
+    if cfg.share_embeddings:
+      matrix = self.embed.embedding  # [V, D]
+    else:
+      matrix = self.param("output_embedding", nn.initializers.normal(cfg.d_model ** -0.5),
+                          (cfg.vocab_size, cfg.d_model))
+    return jnp.einsum("btd,vd->btv", x, jnp.asarray(matrix, cfg.dtype),
+                      preferred_element_type=jnp.float32)
+
+
+def source_mask(src: jax.Array) -> jax.Array:
+  """[B, 1, 1, S]: True at real (non-padding) source positions."""
+  return (src != PAD_ID)[:, None, None, :]
+
+
+# -------------------------------------------------------------------------------------------- model
+
+class Transformer(nn.Module):
+  """Encoder-decoder Transformer. `__call__` gives float32 logits [B, T, V] for teacher forcing."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    embed = lambda name: nn.Embed(  # noqa: E731
+        cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, name=name,
+        embedding_init=nn.initializers.normal(cfg.d_model ** -0.5))
+    if cfg.share_embeddings:
+      shared = embed("embed")
+      self.encoder = Encoder(cfg, embed=shared)
+      self.decoder = Decoder(cfg, embed=shared)
+    else:
+      self.encoder = Encoder(cfg, embed=embed("source_embed"))
+      self.decoder = Decoder(cfg, embed=embed("target_embed"))
+
+  def encode(self, src: jax.Array, deterministic: bool = True) -> jax.Array:
+    return self.encoder(src, deterministic)
+
+  def decode(self, encoded: jax.Array, src: jax.Array, tgt_in: jax.Array, deterministic: bool = True,
+             decode: bool = False, decode_len: int = 0) -> jax.Array:
+    return self.decoder(encoded, src, tgt_in, deterministic, decode, decode_len)
+
+  def __call__(self, src: jax.Array, tgt_in: jax.Array, deterministic: bool = True) -> jax.Array:
+    return self.decode(self.encode(src, deterministic), src, tgt_in, deterministic)
+
+
+def shift_right(tgt: jax.Array) -> jax.Array:
+  """Decoder input: BOS followed by the target without its last token (padding stays padding)."""
+  shifted = jnp.concatenate([jnp.full_like(tgt[:, :1], BOS_ID), tgt[:, :-1]], axis=1)
+  return jnp.where(tgt == PAD_ID, PAD_ID, shifted)
+
+
+def analytic_param_count(config: ModelConfig) -> int:
+  """Parameters by the formula (biases in every projection, no output bias), for testing the model."""
+  d, f, v, n = config.d_model, config.d_ff, config.vocab_size, config.num_layers
+  attention = 4 * (d * d + d)
+  ffn = d * f + f + f * d + d
+  norm = 2 * d
+  encoder_layer = attention + ffn + 2 * norm
+  decoder_layer = 2 * attention + ffn + 3 * norm
+  embeddings = v * d if config.share_embeddings else 3 * v * d
+  total = n * (encoder_layer + decoder_layer) + embeddings
+  if config.norm == "pre":
+    total += 2 * norm  # final LayerNorm of each stack
+  if config.positional == "learned":
+    total += 2 * config.max_len * d  # one table for the encoder, one for the decoder
+  return total
+
