@@ -31,5 +31,6 @@ setup(
         "transformer-train=transformer.train:run",
         "transformer-eval=transformer.evaluate:run",
         "transformer-info=transformer.info:run",
+        "transformer-benchmark=transformer.benchmark:run",
     ]},
 )

@@ -64,7 +64,8 @@ def test_run_config_record(tmp_path):
   cfg = base_config()
   checkpoints.save_run_config(tmp_path, cfg)
   assert checkpoints.load_run_config(tmp_path).model.d_model == 512
-  cfg.train.steps = 5  # training longer is a resume, not a different run
+  cfg.train.steps = 5  # training longer, or with other batches, is a resume, not a different run
+  cfg.data.tokens_per_batch = 100
   checkpoints.save_run_config(tmp_path, cfg)
   cfg.model.d_model = 256
   cfg.data.vocab_size = 100

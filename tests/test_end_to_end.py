@@ -81,3 +81,25 @@ def test_info_prints_counts_and_flops():
   out = run_cli("transformer.info", "--config=configs/multi30k.py", "--config.model.num_heads=3")
   assert out.returncode != 0
   assert "config.model.d_model (256) must be divisible by config.model.num_heads (3)" in out.stderr
+
+
+def test_command_line_mistakes_are_one_line_errors(tmp_path):
+  workdir = tmp_path / "never"
+  cases = [
+      (["--config=configs/multi30k.py", "--config.model.foo=1"],
+       "transformer-train: error: unknown config key 'foo' (--config.model.foo)"),
+      (["--config=configs/missing.py"],
+       "transformer-train: error: cannot load --config=configs/missing.py: [Errno 2] No such file"),
+      (["--config=configs/wmt14_ende.py:huge"],
+       "unknown size 'huge' for configs/wmt14_ende.py; use :base or :big"),
+      (["--config=configs/multi30k.py", "--config.model.d_model=abc"],
+       "flag --config.model.d_model=abc: invalid literal for int()"),
+      (["--config=configs/multi30k.py", "--config.model.positional=rotary"],
+       "config.model.positional must be one of 'sinusoidal', 'learned'; got 'rotary'"),
+  ]
+  for args, message in cases:
+    out = run_cli("transformer.train", *args, f"--workdir={workdir}")
+    assert out.returncode != 0
+    assert message in out.stderr, out.stderr[-2000:]
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr[-2000:]
+  assert not workdir.exists()  # nothing was written

@@ -131,3 +131,15 @@ def test_table3_variants_match_the_analytic_formula(overrides):
   config = ModelConfig(vocab_size=37000, **overrides)
   counts = param_counts(config)
   assert sum(c for k, c in counts.items() if "/" not in k) == analytic_param_count(config)
+
+
+def test_training_flops_per_token_of_the_base_model():
+  """Hand count for base at length 32: 3 x (decoder + output per target, encoder per source)."""
+  from transformer.info import training_flops_per_target_token
+  d, f, v, n, length = 512, 2048, 37000, 6, 32
+  encoder = n * (2 * (4 * d * d + 2 * d * f) + 2 * 2 * length * d)
+  decoder = n * (2 * (8 * d * d + 2 * d * f) + 2 * 2 * length * d * 2)
+  expected = 3 * (encoder + decoder + 2 * v * d)
+  config = ModelConfig(vocab_size=v)
+  assert training_flops_per_target_token(config, length, length) == pytest.approx(expected)
+  assert expected / 1e9 == pytest.approx(0.381, abs=5e-4)

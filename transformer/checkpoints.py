@@ -23,8 +23,11 @@ from transformer.config import ConfigError
 
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
-# Sections that decide the model's shapes and the vocabulary: a resumed run must not change them.
-FIXED_SECTIONS = ("model", "data")
+# What decides the model's shapes, its vocabulary and its training data: a resumed run must not
+# change these (batch size, schedule, steps, evaluation settings may change).
+FIXED_KEYS = {"model": None,  # every key
+              "data": ("source", "src_lang", "tgt_lang", "train_src", "train_tgt", "tfds_name",
+                       "train_split", "vocab_size", "vocab_model_type")}
 
 
 class CheckpointError(RuntimeError):
@@ -37,9 +40,10 @@ def save_run_config(workdir: str | os.PathLike, cfg: ml_collections.ConfigDict) 
   new = json.loads(cfg.to_json_best_effort())
   if path.is_file():
     old = json.loads(path.read_text())
-    changed = [f"{section}.{key}" for section in FIXED_SECTIONS
+    changed = [f"{section}.{key}" for section, fixed in FIXED_KEYS.items()
                for key in sorted(set(old.get(section, {})) | set(new[section]))
-               if old.get(section, {}).get(key) != new[section].get(key)]
+               if (fixed is None or key in fixed)
+               and old.get(section, {}).get(key) != new[section].get(key)]
     if changed:
       raise ConfigError(f"{workdir} holds a run with a different config ({', '.join(changed)}); "
                         "use a new --workdir, or the original values to resume it")

@@ -90,6 +90,13 @@ def _gather_beams(x: jax.Array, beam_indices: jax.Array) -> jax.Array:
                              axis=1)
 
 
+def _reorder(path: tuple, x: jax.Array, flat_parent: jax.Array) -> jax.Array:
+  """Cache rows follow their beams; cross-attention keys/values and counters are the same for all."""
+  if x.ndim == 0 or any(getattr(p, "key", None) == "cross_attention" for p in path):
+    return x
+  return x[flat_parent]
+
+
 def _beam_update(state: BeamState, log_probs: jax.Array, cache: Any, max_lengths: jax.Array,
                  alpha: float) -> BeamState:
   """Extends every live hypothesis by every token and keeps the best K live and K finished."""
@@ -111,7 +118,7 @@ def _beam_update(state: BeamState, log_probs: jax.Array, cache: Any, max_lengths
   alive_seqs = _gather_beams(top_seqs, keep)
   parent = _gather_beams(top_beams, keep)  # [B, K] which old beam each new one extends
   flat_parent = (jnp.arange(batch)[:, None] * beam + parent).reshape(-1)
-  cache = jax.tree.map(lambda x: x[flat_parent] if x.ndim else x, cache)
+  cache = jax.tree_util.tree_map_with_path(lambda path, x: _reorder(path, x, flat_parent), cache)
 
   # As in fairseq, a hypothesis finishes only if its EOS is among the K best candidates.
   finishing = is_eos & (jnp.arange(2 * beam) < beam) & (top_scores > NEG_INF / 2)

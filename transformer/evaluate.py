@@ -28,10 +28,11 @@ import sentencepiece as spm
 from absl import app, flags
 
 from transformer import bleu, checkpoints, decode, partitioning
+from transformer.cli import flags_parser
 from transformer.config import ConfigError
 from transformer.data import sources, vocab as vocab_lib
 from transformer.data.batching import pad_rows
-from transformer.metrics import MetricWriter, format_duration, setup_logging
+from transformer.metrics import MetricWriter, format_duration
 from transformer.model import EOS_ID, ModelConfig, Transformer
 from transformer.train import abstract_train_state
 
@@ -162,7 +163,6 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.workdir is None:
     raise app.UsageError("pass --workdir=DIR, the directory transformer-train wrote")
-  setup_logging()
   try:
     report = evaluate(FLAGS.workdir, FLAGS.step, FLAGS.split, FLAGS.source_file,
                       FLAGS.reference_file, FLAGS.beam_size, FLAGS.alpha, FLAGS.max_extra_len)
@@ -186,7 +186,7 @@ def run() -> None:
   flags.DEFINE_integer("beam_size", None, "Beam size (default: config.decode.beam_size; 1 = greedy).")
   flags.DEFINE_float("alpha", None, "Length-penalty alpha (default: config.decode.alpha).")
   flags.DEFINE_integer("max_extra_len", None, "Output length limit = input length + this.")
-  app.run(main)
+  app.run(main, flags_parser=flags_parser("transformer-eval"))
 
 
 if __name__ == "__main__":

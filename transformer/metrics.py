@@ -7,9 +7,7 @@ Only process 0 writes, so a multi-host job keeps one record. Every record has `e
 from __future__ import annotations
 
 import json
-import logging
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -56,15 +54,3 @@ def format_duration(seconds: float) -> str:
   minutes, secs = divmod(rest, 60)
   return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
-
-def setup_logging() -> None:
-  """Our INFO lines, timestamped on stderr; libraries (Orbax, absl) only from WARNING up."""
-  for library in ("absl", "jax"):
-    logging.getLogger(library).setLevel(logging.WARNING)
-  logger = logging.getLogger("transformer")
-  if not logger.handlers:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
-    logger.addHandler(handler)
-  logger.setLevel(logging.INFO)
-  logger.propagate = False

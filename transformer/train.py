@@ -28,9 +28,10 @@ from flax.training import train_state
 from ml_collections import config_flags
 
 from transformer import checkpoints, partitioning
+from transformer.cli import flags_parser
 from transformer.config import ConfigError, validate
 from transformer.data import batching, sources, vocab as vocab_lib
-from transformer.metrics import MetricWriter, format_duration, setup_logging
+from transformer.metrics import MetricWriter, format_duration
 from transformer.model import PAD_ID, ModelConfig, Transformer, shift_right
 
 log = logging.getLogger("transformer")
@@ -125,6 +126,16 @@ def evaluate_loss(eval_fn, params: Any, batches: Iterable[dict[str, np.ndarray]]
 
 # --------------------------------------------------------------------------------------- the loop
 
+def interval_record(step_sums: list[dict[str, np.ndarray]], seconds: float) -> dict[str, float]:
+  """Per-token averages of the steps since the last progress line, and their throughput."""
+  tokens = sum(float(s["tokens"]) for s in step_sums)
+  return {"loss": sum(float(s["loss"]) for s in step_sums) / tokens,
+          "nll": sum(float(s["nll"]) for s in step_sums) / tokens,
+          "accuracy": sum(float(s["correct"]) for s in step_sums) / tokens,
+          "grad_norm": float(np.mean([s["grad_norm"] for s in step_sums])),
+          "tokens": tokens, "tokens_per_sec": tokens / seconds}
+
+
 def prepare_data(cfg: ml_collections.ConfigDict, workdir: Path, row_multiple: int):
   """Reads the text, builds or reuses the vocabulary, and returns (vocab, train and eval batchers)."""
   train_text = sources.load_split(cfg.data, cfg.data.train_split)
@@ -169,7 +180,7 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str
     state = init(init_rng)
   n_params = sum(x.size for x in jax.tree.leaves(state.params))
   log.info("Model: %s parameters; %d devices (%s)", f"{n_params:,}", mesh.size,
-               jax.devices()[0].platform)
+           jax.devices()[0].platform)
 
   step_fn = jax.jit(functools.partial(train_step, smoothing=cfg.train.label_smoothing),
                     out_shardings=(replicated, replicated), donate_argnums=(0,))
@@ -190,29 +201,22 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str
     interval_sums.append(sums)  # fetched only when logging, so the host never waits on the device
     done = step + 1
     if done % cfg.train.log_every == 0 or done == total:
-      fetched = jax.device_get(interval_sums)
-      tokens = sum(float(s["tokens"]) for s in fetched)
-      tokens_seen += tokens
       now = time.time()
-      record = {"loss": sum(float(s["loss"]) for s in fetched) / tokens,
-                "nll": sum(float(s["nll"]) for s in fetched) / tokens,
-                "accuracy": sum(float(s["correct"]) for s in fetched) / tokens,
-                "grad_norm": float(np.mean([s["grad_norm"] for s in fetched])),
-                "learning_rate": float(schedule(step)),
-                "tokens_per_sec": tokens / (now - interval_start),
-                "epoch": step / train_batches.batches_per_epoch}
-      writer.write("train", done, elapsed=now - t_start, **record)
-      elapsed = now - t_start
-      eta = elapsed / (done - start) * (total - done)
+      record = interval_record(jax.device_get(interval_sums), now - interval_start)
+      record.update(learning_rate=float(schedule(step)),
+                    epoch=done / train_batches.batches_per_epoch, elapsed=now - t_start)
+      tokens_seen += record.pop("tokens")
+      writer.write("train", done, **record)
+      eta = record["elapsed"] / (done - start) * (total - done)
       log.info("step %d/%d | loss %.3f | nll %.3f | lr %.2e | %.0f tok/s | elapsed %s | ETA %s",
-                   done, total, record["loss"], record["nll"], record["learning_rate"],
-                   record["tokens_per_sec"], format_duration(elapsed), format_duration(eta))
+               done, total, record["loss"], record["nll"], record["learning_rate"],
+               record["tokens_per_sec"], format_duration(record["elapsed"]), format_duration(eta))
       interval_start, interval_sums = time.time(), []
     if done % cfg.train.eval_every == 0 or done == total:
       metrics = evaluate_loss(eval_fn, state.params, eval_batches.one_pass(), mesh)
       writer.write("eval", done, **metrics)
       log.info("eval at step %d | nll %.3f | perplexity %.2f | accuracy %.3f", done,
-                   metrics["nll"], metrics["perplexity"], metrics["accuracy"])
+               metrics["nll"], metrics["perplexity"], metrics["accuracy"])
     if done % cfg.train.checkpoint_every == 0 or done == total:
       checkpoints.save(mngr, done, state)
   mngr.wait_until_finished()
@@ -223,8 +227,8 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str
   if total > start:
     writer.write("summary", total, **summary)
     log.info("Trained steps %d-%d in %s (%.0f target tokens/s). Next: transformer-eval "
-                 "--workdir=%s", start, total, format_duration(train_time),
-                 summary["tokens_per_sec"], workdir)
+             "--workdir=%s", start, total, format_duration(train_time), summary["tokens_per_sec"],
+             workdir)
   return summary
 
 
@@ -235,7 +239,6 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.config is None or FLAGS.workdir is None:
     raise app.UsageError("pass --config=configs/multi30k.py (or another config) and --workdir=DIR")
-  setup_logging()
   try:
     train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except (ConfigError, sources.DataError, checkpoints.CheckpointError) as e:
@@ -247,7 +250,7 @@ def run() -> None:
   config_flags.DEFINE_config_file("config", None, "Path to a get_config() file, e.g. "
                                   "configs/multi30k.py or configs/wmt14_ende.py:big.")
   flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary and metrics.")
-  app.run(main)
+  app.run(main, flags_parser=flags_parser("transformer-train"))
 
 
 if __name__ == "__main__":

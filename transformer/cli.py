@@ -1,0 +1,54 @@
+"""What the command-line programs share: flag parsing that fails in one line, and log set-up."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from typing import Callable
+
+from absl import flags
+
+
+def flags_parser(program: str) -> Callable[[list[str]], list[str]]:
+  """An `app.run(flags_parser=...)` that turns every flag or config mistake into one line."""
+  def parse(argv: list[str]) -> list[str]:
+    setup_logging()
+    try:
+      remaining = flags.FLAGS(argv)
+      if "config" in flags.FLAGS and flags.FLAGS.config is not None:
+        flags.FLAGS.config.get("seed")  # ml_collections reports a missing file only on first use
+      return remaining
+    except flags.Error as e:
+      lines = str(e).strip().splitlines()
+      if len(lines) > 1:  # a traceback from inside get_config(): keep the flag and the last line
+        head = lines[0].split(": Error whilst")[0]
+        lines = [f"{head}: {re.sub(r'^[A-Za-z.]*Error: ', '', lines[-1])}"]
+      sys.exit(f"{program}: error: {lines[0]}")
+    except (AttributeError, KeyError) as e:  # ml_collections: an override of a key that does not exist
+      key = str(e).strip("\"'")
+      bad = [a.split("=")[0] for a in argv
+             if a.startswith("--config.") and re.search(rf"[.]{re.escape(key)}\b", a.split("=")[0])]
+      where = f" ({bad[0]})" if bad else ""
+      sys.exit(f"{program}: error: unknown config key {key!r}{where}; every key is listed in "
+               "transformer/config.py")
+    except OSError as e:  # ml_collections could not load the config file
+      path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "?")
+      reason = str(e).strip().splitlines()[-1].strip()
+      sys.exit(f"{program}: error: cannot load --config={path}: {reason}")
+    except ValueError as e:  # raised by a get_config(), e.g. an unknown ':size'
+      sys.exit(f"{program}: error: {e}")
+  return parse
+
+
+def setup_logging() -> None:
+  """Our INFO lines, timestamped on stderr; libraries (Orbax, absl, JAX) only from WARNING up."""
+  for library in ("absl", "jax"):
+    logging.getLogger(library).setLevel(logging.WARNING)
+  logger = logging.getLogger("transformer")
+  if not logger.handlers:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+    logger.addHandler(handler)
+  logger.setLevel(logging.INFO)
+  logger.propagate = False
