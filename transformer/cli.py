@@ -13,11 +13,11 @@ from absl import flags
 def flags_parser(program: str) -> Callable[[list[str]], list[str]]:
   """An `app.run(flags_parser=...)` that turns every flag or config mistake into one line."""
   def parse(argv: list[str]) -> list[str]:
-    setup_logging()
     try:
       remaining = flags.FLAGS(argv)
       if "config" in flags.FLAGS and flags.FLAGS.config is not None:
         flags.FLAGS.config.get("seed")  # ml_collections reports a missing file only on first use
+      setup_logging()  # after parsing, which sets absl's own verbosity
       return remaining
     except flags.Error as e:
       lines = str(e).strip().splitlines()

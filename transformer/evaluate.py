@@ -83,7 +83,7 @@ def translate(model: Transformer, params: Any, vocab: spm.SentencePieceProcessor
     search = lambda p, src, lim, decode_len: decode.beam_search(  # noqa: E731
         model, p, src, lim, decode_len, beam_size, alpha)[0]
   outputs: list[list[int]] = [[] for _ in sentences]
-  compile_time, decode_time = 0.0, 0.0
+  compile_time, decode_time, translated = 0.0, 0.0, 0
   for length, members in groups.items():
     decode_len = length + max_extra_len if max_output is None else min(length + max_extra_len,
                                                                        max_output)
@@ -106,6 +106,9 @@ def translate(model: Transformer, params: Any, vocab: spm.SentencePieceProcessor
       for row, i in enumerate(chunk):
         out = tokens[row].tolist()
         outputs[i] = out[:out.index(EOS_ID)] if EOS_ID in out else out
+    translated += len(members)
+    log.info("translated %d/%d sentences (source length <= %d; %.1fs compile, %.1fs decoding so far)",
+             translated, len(order), length, compile_time, decode_time)
   hypotheses = [vocab.decode(o) for o in outputs]
   stats = {"sentences": len(sentences), "truncated_sources": truncated,
            "compile_sec": compile_time, "decode_sec": decode_time,

@@ -201,8 +201,9 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str
     interval_sums.append(sums)  # fetched only when logging, so the host never waits on the device
     done = step + 1
     if done % cfg.train.log_every == 0 or done == total:
+      step_sums = jax.device_get(interval_sums)  # waits for the device to finish the interval
       now = time.time()
-      record = interval_record(jax.device_get(interval_sums), now - interval_start)
+      record = interval_record(step_sums, now - interval_start)
       record.update(learning_rate=float(schedule(step)),
                     epoch=done / train_batches.batches_per_epoch, elapsed=now - t_start)
       tokens_seen += record.pop("tokens")
