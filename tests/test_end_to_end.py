@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import tiny_run_config
 from transformer.metrics import read_metrics
 from transformer.train import train_and_evaluate
@@ -13,10 +15,19 @@ from transformer.train import train_and_evaluate
 REPO = Path(__file__).parent.parent
 
 
-def run_cli(module, *args):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
+def run_cli(module, *args, devices=1):
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
   return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=600)
+
+
+def cli_overrides(cfg, **changes):
+  """`--config.section.key=value` flags that reproduce the tiny run config on the command line."""
+  values = {f"{section}.{key}": cfg[section][key] for section in ("model", "data", "train", "decode")
+            for key in cfg[section] if not isinstance(cfg[section][key], str) or cfg[section][key]}
+  values.update(changes)
+  return [f"--config.{k}={v}" for k, v in values.items()]
 
 
 def test_train_resume_and_evaluate(tmp_path):
@@ -33,16 +44,7 @@ def test_train_resume_and_evaluate(tmp_path):
 
   # The command line resumes from step 6 and trains to step 8 with the same vocabulary.
   vocab_bytes = (workdir / "vocab.model").read_bytes()
-  overrides = [f"--config.{k}={v}" for k, v in {
-      "data.source": "files", "data.train_src": cfg.data.train_src,
-      "data.train_tgt": cfg.data.train_tgt, "data.eval_src": cfg.data.eval_src,
-      "data.eval_tgt": cfg.data.eval_tgt, "data.vocab_size": 300, "data.max_len": 40,
-      "data.tokens_per_batch": 512, "model.num_layers": 1, "model.d_model": 32, "model.d_ff": 64,
-      "model.num_heads": 4, "model.max_len": 64, "model.dropout": 0.1,
-      "model.dtype": "float32", "train.steps": 8, "train.warmup_steps": 4,
-      "train.log_every": 2, "train.eval_every": 3, "train.checkpoint_every": 3,
-      "train.keep_checkpoints": 2, "train.dropout_rng": "threefry2x32",
-      "decode.max_extra_len": 5}.items()]
+  overrides = cli_overrides(cfg, **{"train.steps": 8})
   out = run_cli("transformer.train", "--config=configs/multi30k.py", f"--workdir={workdir}",
                 *overrides)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -103,3 +105,34 @@ def test_command_line_mistakes_are_one_line_errors(tmp_path):
     assert message in out.stderr, out.stderr[-2000:]
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr[-2000:]
   assert not workdir.exists()  # nothing was written
+
+
+@pytest.mark.slow
+def test_a_small_model_learns_to_translate_its_training_sentences(tmp_path):
+  """The whole pipeline learns: overfit 64 short pairs, then translate them back near-perfectly."""
+  cfg = tiny_run_config(tmp_path, train_lines=64, eval_lines=64)
+  for name in ("train", "val"):  # evaluate on the training sentences themselves
+    for lang in ("en", "de"):
+      (tmp_path / f"{name}.{lang}").write_text((tmp_path / f"train.{lang}").read_text())
+  cfg.model.update(num_layers=2, d_model=64, d_ff=128, dropout=0.0)
+  cfg.data.vocab_size = 400
+  cfg.train.update(steps=400, warmup_steps=100, learning_rate=0.2, label_smoothing=0.0,
+                   log_every=100, eval_every=400, checkpoint_every=400)
+  workdir = tmp_path / "run"
+  train_and_evaluate(cfg, str(workdir))
+  assert read_metrics(workdir, "eval")[-1]["accuracy"] > 0.95
+  from transformer.evaluate import evaluate
+  report = evaluate(str(workdir), beam_size=4)
+  assert report["sacrebleu"]["bleu"] > 80.0
+
+
+def test_the_same_commands_run_on_eight_devices(tmp_path):
+  cfg = tiny_run_config(tmp_path)
+  workdir = tmp_path / "run8"
+  out = run_cli("transformer.train", "--config=configs/multi30k.py", f"--workdir={workdir}",
+                *cli_overrides(cfg, **{"train.steps": 4}), devices=8)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "8 devices (cpu)" in out.stderr and "step 4/4" in out.stderr
+  out = run_cli("transformer.evaluate", f"--workdir={workdir}", "--beam_size=2", devices=8)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "sacreBLEU" in out.stdout

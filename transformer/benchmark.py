@@ -21,7 +21,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from transformer import partitioning
-from transformer.cli import flags_parser
+from transformer.cli import run_program
 from transformer.config import validate
 from transformer.info import training_flops_per_target_token
 from transformer.model import EOS_ID, ModelConfig, Transformer
@@ -86,7 +86,7 @@ def run() -> None:
   flags.DEFINE_integer("seq_len", 32, "Tokens per sentence of the synthetic batch.")
   flags.DEFINE_integer("steps", 20, "Timed steps.")
   flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
-  app.run(main, flags_parser=flags_parser("transformer-benchmark"))
+  run_program("transformer-benchmark", main)
 
 
 if __name__ == "__main__":

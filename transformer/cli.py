@@ -7,7 +7,7 @@ import re
 import sys
 from typing import Callable
 
-from absl import flags
+from absl import app, flags
 
 
 def flags_parser(program: str) -> Callable[[list[str]], list[str]]:
@@ -17,7 +17,6 @@ def flags_parser(program: str) -> Callable[[list[str]], list[str]]:
       remaining = flags.FLAGS(argv)
       if "config" in flags.FLAGS and flags.FLAGS.config is not None:
         flags.FLAGS.config.get("seed")  # ml_collections reports a missing file only on first use
-      setup_logging()  # after parsing, which sets absl's own verbosity
       return remaining
     except flags.Error as e:
       lines = str(e).strip().splitlines()
@@ -39,6 +38,14 @@ def flags_parser(program: str) -> Callable[[list[str]], list[str]]:
     except ValueError as e:  # raised by a get_config(), e.g. an unknown ':size'
       sys.exit(f"{program}: error: {e}")
   return parse
+
+
+def run_program(program: str, main: Callable[[list[str]], None]) -> None:
+  """absl's app.run with one-line flag errors, and our log set-up once absl has made its own."""
+  def main_with_logging(argv: list[str]) -> None:
+    setup_logging()
+    main(argv)
+  app.run(main_with_logging, flags_parser=flags_parser(program))
 
 
 def setup_logging() -> None:

@@ -28,7 +28,7 @@ import sentencepiece as spm
 from absl import app, flags
 
 from transformer import bleu, checkpoints, decode, partitioning
-from transformer.cli import flags_parser
+from transformer.cli import run_program
 from transformer.config import ConfigError
 from transformer.data import sources, vocab as vocab_lib
 from transformer.data.batching import pad_rows
@@ -189,7 +189,7 @@ def run() -> None:
   flags.DEFINE_integer("beam_size", None, "Beam size (default: config.decode.beam_size; 1 = greedy).")
   flags.DEFINE_float("alpha", None, "Length-penalty alpha (default: config.decode.alpha).")
   flags.DEFINE_integer("max_extra_len", None, "Output length limit = input length + this.")
-  app.run(main, flags_parser=flags_parser("transformer-eval"))
+  run_program("transformer-eval", main)
 
 
 if __name__ == "__main__":

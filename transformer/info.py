@@ -17,7 +17,7 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer.cli import flags_parser
+from transformer.cli import run_program
 from transformer.config import ConfigError, validate
 from transformer.model import ModelConfig, Transformer, analytic_param_count
 
@@ -94,7 +94,7 @@ def run() -> None:
   """Console-script entry point."""
   config_flags.DEFINE_config_file("config", None, "Path to a get_config() file.")
   flags.DEFINE_integer("seq_len", 32, "Sentence length (tokens) assumed for attention FLOPs.")
-  app.run(main, flags_parser=flags_parser("transformer-info"))
+  run_program("transformer-info", main)
 
 
 if __name__ == "__main__":

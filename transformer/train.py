@@ -28,7 +28,7 @@ from flax.training import train_state
 from ml_collections import config_flags
 
 from transformer import checkpoints, partitioning
-from transformer.cli import flags_parser
+from transformer.cli import run_program
 from transformer.config import ConfigError, validate
 from transformer.data import batching, sources, vocab as vocab_lib
 from transformer.metrics import MetricWriter, format_duration
@@ -251,7 +251,7 @@ def run() -> None:
   config_flags.DEFINE_config_file("config", None, "Path to a get_config() file, e.g. "
                                   "configs/multi30k.py or configs/wmt14_ende.py:big.")
   flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary and metrics.")
-  app.run(main, flags_parser=flags_parser("transformer-train"))
+  run_program("transformer-train", main)
 
 
 if __name__ == "__main__":
