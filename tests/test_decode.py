@@ -10,7 +10,7 @@ import pytest
 
 from conftest import init_params, random_tokens, tiny_model_config
 from transformer import decode
-from transformer.model import BOS_ID, EOS_ID, PAD_ID, Transformer, shift_right
+from transformer.model import EOS_ID, PAD_ID, Transformer, shift_right
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,5 @@
 """Schedule, loss and train step against hand computations; the data-parallel step on 8 devices."""
 
-import functools
 import json
 import math
 import os

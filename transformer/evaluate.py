@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import sentencepiece as spm
@@ -69,8 +68,8 @@ def translate(model: Transformer, params: Any, vocab: spm.SentencePieceProcessor
   order = sorted((i for i in range(len(ids)) if ids[i]), key=lambda i: len(ids[i]))
   max_output = model.config.max_len if model.config.positional == "learned" else None
 
-  def bucket(length):
-    return next((b for b in DECODE_BUCKETS if b >= length), length)
+  def bucket(length):  # never longer than max_source_len, the limit of learned position tables
+    return min(next((b for b in DECODE_BUCKETS if b >= length), length), max_source_len)
 
   groups: dict[int, list[int]] = {}
   for i in order:
@@ -121,9 +120,15 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
              beam_size: int | None = None, alpha: float | None = None,
              max_extra_len: int | None = None) -> dict[str, Any]:
   """Translates an evaluation set with a checkpoint of `workdir`, scores it, writes the report."""
-  cfg, vocab, model, params, step = load_model(workdir, step)
+  cfg = checkpoints.load_run_config(workdir)
   if (source_file is None) != (reference_file is None):
     raise ConfigError("pass both --source_file and --reference_file, or neither")
+  settings = {"beam_size": cfg.decode.beam_size if beam_size is None else beam_size,
+              "alpha": cfg.decode.alpha if alpha is None else alpha,
+              "max_extra_len": cfg.decode.max_extra_len if max_extra_len is None else max_extra_len}
+  if settings["beam_size"] < 1 or settings["alpha"] < 0 or settings["max_extra_len"] < 0:
+    raise ConfigError(f"decode settings must be beam_size >= 1, alpha >= 0, max_extra_len >= 0; "
+                      f"got {settings}")
   if source_file:
     text = sources.read_parallel(source_file, reference_file)
     name = Path(source_file).stem
@@ -131,12 +136,7 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
     split = split or cfg.data.eval_split
     text = sources.load_split(cfg.data, split)
     name = split
-  settings = {"beam_size": beam_size or cfg.decode.beam_size,
-              "alpha": cfg.decode.alpha if alpha is None else alpha,
-              "max_extra_len": cfg.decode.max_extra_len if max_extra_len is None else max_extra_len}
-  if settings["beam_size"] < 1 or settings["alpha"] < 0 or settings["max_extra_len"] < 0:
-    raise ConfigError(f"decode settings must be beam_size >= 1, alpha >= 0, max_extra_len >= 0; "
-                      f"got {settings}")
+  cfg, vocab, model, params, step = load_model(workdir, step)
   log.info("Translating %d sentences of %s with the checkpoint at step %d (beam %d, alpha %.2f)",
            len(text), text.name, step, settings["beam_size"], settings["alpha"])
   t = time.time()
