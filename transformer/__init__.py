@@ -1,0 +1,1 @@
+"""A paper-faithful JAX/Flax Transformer for machine translation; docs/architecture.md maps it."""

@@ -1,0 +1,1 @@
+"""Input data: sources of sentence pairs, the shared vocabulary, token-budget batching."""
