@@ -10,7 +10,6 @@ analytic training TFLOP/s (info.training_flops_per_target_token). Timings live h
 
 from __future__ import annotations
 
-import functools
 import json
 import statistics
 import time
@@ -25,7 +24,7 @@ from transformer.cli import run_program
 from transformer.config import validate
 from transformer.info import training_flops_per_target_token
 from transformer.model import EOS_ID, ModelConfig, Transformer
-from transformer.train import create_train_state, make_optimizer, train_step
+from transformer.train import jit_train_fns
 
 FLAGS = flags.FLAGS
 
@@ -35,16 +34,13 @@ def benchmark(cfg, batch_tokens: int, seq_len: int, steps: int, warmup: int) -> 
   mesh = partitioning.data_mesh()
   config = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
   model = Transformer(config)
-  replicated = partitioning.replicated(mesh)
-  state = jax.jit(functools.partial(create_train_state, model, make_optimizer(cfg)),
-                  out_shardings=replicated)(jax.random.PRNGKey(0))
+  init, step_fn = jit_train_fns(cfg, model, mesh)
+  state = init(jax.random.PRNGKey(0))
   rows = max(mesh.size, batch_tokens // seq_len // mesh.size * mesh.size)
   rng = np.random.default_rng(0)
   tokens = rng.integers(4, config.vocab_size, (2, rows, seq_len)).astype(np.int32)
   tokens[:, :, -1] = EOS_ID
   batch = partitioning.shard_batch({"src": tokens[0], "tgt": tokens[1]}, mesh)
-  step_fn = jax.jit(functools.partial(train_step, smoothing=cfg.train.label_smoothing),
-                    out_shardings=(replicated, replicated), donate_argnums=(0,))
   dropout_rng = jax.random.key(1, impl=cfg.train.dropout_rng)
   t = time.perf_counter()
   state, sums = step_fn(state, batch, dropout_rng)

@@ -106,6 +106,20 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_rng: jax.
   return state.apply_gradients(grads=grads), sums
 
 
+def jit_train_fns(cfg: ml_collections.ConfigDict, model: Transformer, mesh: jax.sharding.Mesh):
+  """(init, step): the jit-compiled state initialisation and train step, state replicated on `mesh`.
+
+  `init(rng) -> state`; `step(state, batch, dropout_rng) -> (state, sums)`, donating the old state.
+  Training and the benchmark both use these, so they time exactly what trains.
+  """
+  replicated = partitioning.replicated(mesh)
+  init = jax.jit(functools.partial(create_train_state, model, make_optimizer(cfg)),
+                 out_shardings=replicated)
+  step = jax.jit(functools.partial(train_step, smoothing=cfg.train.label_smoothing),
+                 out_shardings=(replicated, replicated), donate_argnums=(0,))
+  return init, step
+
+
 def eval_step(params: Any, batch: dict[str, jax.Array], *, model: Transformer) -> dict[str, jax.Array]:
   logits = model.apply({"params": params}, batch["src"], shift_right(batch["tgt"]))
   return loss_sums(logits, batch["tgt"], smoothing=0.0)
@@ -152,8 +166,8 @@ def prepare_data(cfg: ml_collections.ConfigDict, workdir: Path, row_multiple: in
                                              cfg.data.max_len, shuffle=False,
                                              row_multiple=row_multiple)
   log.info("Data: %d training pairs (%d batches per epoch), %d validation pairs, vocabulary %d",
-               len(train_pairs.source), train_batches.batches_per_epoch, len(eval_pairs.source),
-               vocab.get_piece_size())
+           len(train_pairs.source), train_batches.batches_per_epoch, len(eval_pairs.source),
+           vocab.get_piece_size())
   return vocab, train_batches, eval_batches
 
 
@@ -167,11 +181,10 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str
   vocab, train_batches, eval_batches = prepare_data(cfg, workdir, row_multiple=mesh.size)
 
   model = Transformer(ModelConfig.from_config(cfg.model, vocab.get_piece_size()))
-  tx = make_optimizer(cfg)
   replicated = partitioning.replicated(mesh)
   init_rng = jax.random.PRNGKey(cfg.seed)
   dropout_rng = jax.random.key(cfg.seed + 1, impl=cfg.train.dropout_rng)
-  init = jax.jit(functools.partial(create_train_state, model, tx), out_shardings=replicated)
+  init, step_fn = jit_train_fns(cfg, model, mesh)
   mngr = checkpoints.manager(workdir, keep=cfg.train.keep_checkpoints)
   if mngr.latest_step() is not None:
     state = checkpoints.restore(mngr, abstract_train_state(cfg, model, replicated))
@@ -182,8 +195,6 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str
   log.info("Model: %s parameters; %d devices (%s)", f"{n_params:,}", mesh.size,
            jax.devices()[0].platform)
 
-  step_fn = jax.jit(functools.partial(train_step, smoothing=cfg.train.label_smoothing),
-                    out_shardings=(replicated, replicated), donate_argnums=(0,))
   eval_fn = jax.jit(functools.partial(eval_step, model=model), out_shardings=replicated)
   schedule = learning_rate_schedule(cfg.model.d_model, cfg.train.warmup_steps,
                                     cfg.train.learning_rate)
