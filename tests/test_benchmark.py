@@ -3,9 +3,9 @@
 import math
 
 import pytest
-
 from conftest import tiny_run_config
-from transformer.benchmark import benchmark
+
+from transformer.benchmark import benchmark, benchmark_input
 from transformer.info import training_flops_per_target_token
 from transformer.model import ModelConfig
 
@@ -20,3 +20,11 @@ def test_benchmark_reports_consistent_figures(tmp_path):
   assert result["analytic_tflops_per_sec"] == pytest.approx(flops / result["step_sec_median"] / 1e12)
   assert result["step_sec_min"] <= result["step_sec_median"] <= result["step_sec_max"]
   assert math.isfinite(result["loss"]) and result["backend"] == "cpu"
+
+
+def test_input_pipeline_benchmark_counts_real_tokens(tmp_path):
+  cfg = tiny_run_config(tmp_path)
+  result = benchmark_input(cfg, batches=5)
+  assert result["batches"] == 5 and result["mode"] == "bucket"
+  assert 0 <= result["target_padding_fraction"] < 1
+  assert result["target_tokens_per_sec"] * result["seconds"] > 5 * 100  # each batch holds real tokens

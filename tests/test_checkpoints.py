@@ -3,8 +3,8 @@
 import jax
 import numpy as np
 import pytest
-
 from conftest import init_params, tiny_model_config
+
 from transformer import checkpoints, partitioning
 from transformer.config import ConfigError, base_config
 from transformer.model import Transformer
@@ -24,12 +24,13 @@ def test_save_restore_round_trip(tmp_path):
   cfg, model, state = make_state()
   state = state.replace(step=state.step + 7)
   mngr = checkpoints.manager(tmp_path, keep=2)
-  checkpoints.save(mngr, 7, state)
+  checkpoints.save(mngr, 7, state, {"epoch": 1, "window": 2, "batch": 3})
   mngr.wait_until_finished()
   sharding = partitioning.replicated(partitioning.data_mesh())
-  restored = checkpoints.restore(checkpoints.manager(tmp_path, read_only=True),
-                                 abstract_train_state(cfg, model, sharding))
+  reader = checkpoints.manager(tmp_path, read_only=True)
+  restored = checkpoints.restore(reader, abstract_train_state(cfg, model, sharding))
   assert int(restored.step) == 7
+  assert checkpoints.restore_data_state(reader, 7) == {"epoch": 1, "window": 2, "batch": 3}
   for a, b in zip(jax.tree.leaves(state.params) + jax.tree.leaves(state.opt_state),
                   jax.tree.leaves(restored.params) + jax.tree.leaves(restored.opt_state)):
     np.testing.assert_array_equal(a, b)
@@ -39,7 +40,7 @@ def test_keeps_the_last_n(tmp_path):
   _, _, state = make_state()
   mngr = checkpoints.manager(tmp_path, keep=2)
   for step in (1, 2, 3):
-    checkpoints.save(mngr, step, state)
+    checkpoints.save(mngr, step, state, {})
   mngr.wait_until_finished()
   assert mngr.all_steps() == [2, 3]
 
@@ -51,7 +52,7 @@ def test_missing_and_mismatched_checkpoints_are_clear_errors(tmp_path):
     checkpoints.restore(checkpoints.manager(tmp_path, keep=2),
                         abstract_train_state(cfg, model, sharding))
   mngr = checkpoints.manager(tmp_path, keep=2)
-  checkpoints.save(mngr, 3, state)
+  checkpoints.save(mngr, 3, state, {})
   mngr.wait_until_finished()
   with pytest.raises(checkpoints.CheckpointError, match="no checkpoint for step 5.*available steps: 3"):
     checkpoints.restore(mngr, abstract_train_state(cfg, model, sharding), step=5)

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from transformer.config import base_config
-from transformer.data import batching, sources, vocab as vocab_lib
-from transformer.model import EOS_ID, PAD_ID
+from transformer.data import batching, sources
+from transformer.data import vocab as vocab_lib
+from transformer.model import EOS_ID
 
 
 def test_bundled_multi30k_is_complete():
@@ -63,60 +64,57 @@ def test_vocabulary_special_ids_and_round_trip(small_vocab):
 def test_vocabulary_is_reused_and_checked(small_vocab, tmp_path):
   vocab, path = small_vocab
   (tmp_path / vocab_lib.VOCAB_FILE).write_bytes(path.read_bytes())
-  reused = vocab_lib.vocab_for_run(tmp_path, ["ignored"], 500, "bpe", 100, 0)
+  data = base_config().data
+  data.vocab_size = 500
+  reused = vocab_lib.vocab_for_run(tmp_path, data, source=None, seed=0)  # nothing read
   assert reused.encode("a man") == vocab.encode("a man")
+  data.vocab_size = 600
   with pytest.raises(sources.DataError, match="has 500 pieces but config.data.vocab_size is 600"):
-    vocab_lib.vocab_for_run(tmp_path, ["ignored"], 600, "bpe", 100, 0)
+    vocab_lib.vocab_for_run(tmp_path, data, source=None, seed=0)
 
 
-def test_encode_pairs_filters_and_counts(small_vocab):
-  vocab, _ = small_vocab
-  text = sources.ParallelText(["a dog", "", "a man " * 30, "two cats"],
-                              ["ein Hund", "leer", "ein Mann " * 30, ""], "test")
-  pairs = batching.encode_pairs(vocab, text, max_len=20)
-  assert pairs.dropped == {"empty": 2, "too_long": 1}
-  assert len(pairs.source) == 1 and pairs.source[0][-1] == EOS_ID and pairs.target[0][-1] == EOS_ID
-  with pytest.raises(sources.DataError, match="no sentence pair"):
-    batching.encode_pairs(vocab, sources.ParallelText([""], [""], "empty"), max_len=20)
+def test_vocabulary_is_cached_per_dataset_and_setting(tmp_path, monkeypatch):
+  data = base_config().data
+  data.vocab_size, data.vocab_sample_sentences = 300, 3000
+  data.vocab_cache_dir = str(tmp_path / "cache")
+  source = sources.load_split(data, "train")
+  (tmp_path / "run1").mkdir()
+  first = vocab_lib.vocab_for_run(tmp_path / "run1", data, source, seed=0)
+  cached = vocab_lib.cached_vocab_path(data, seed=0)
+  assert cached.is_file() and cached.name == "multi30k.en-de.bpe300.sample3000.seed0.model"
+
+  def no_training(*args, **kwargs):
+    raise AssertionError("the cached vocabulary should have been reused")
+  monkeypatch.setattr(vocab_lib, "train_vocab", no_training)
+  (tmp_path / "run2").mkdir()
+  second = vocab_lib.vocab_for_run(tmp_path / "run2", data, source, seed=0)
+  assert (tmp_path / "run2" / vocab_lib.VOCAB_FILE).read_bytes() == cached.read_bytes()
+  assert second.encode("Zwei Hunde") == first.encode("Zwei Hunde")
+  data.vocab_size = 400  # another setting is another cache entry, so it must be trained
+  (tmp_path / "run3").mkdir()
+  with pytest.raises(AssertionError, match="should have been reused"):
+    vocab_lib.vocab_for_run(tmp_path / "run3", data, source, seed=0)
 
 
-def make_pairs(rng, n):
-  lengths = rng.integers(2, 60, size=(n, 2))
-  return batching.EncodedPairs([np.arange(4, 4 + a, dtype=np.int32) for a, _ in lengths],
-                               [np.arange(4, 4 + b, dtype=np.int32) for _, b in lengths], {})
+def test_vocabulary_sample_is_uniform_not_the_head():
+  text = sources.ParallelText([f"s{i}" for i in range(10_000)], [f"t{i}" for i in range(10_000)], "n")
+  sample = vocab_lib.sample_sentences(text, 500, seed=0)
+  picked = sorted(int(s[1:]) for s in sample if s.startswith("s"))
+  assert len(picked) == 500 == len(set(picked)) and len(sample) == 1000
+  assert np.mean(picked) == pytest.approx(5000, abs=600)  # the head would give a mean of 250
+  assert max(picked) > 9000
+  assert len(vocab_lib.sample_sentences(text, 20_000, seed=0)) == 20_000  # all of it when fewer
 
 
-def test_batches_cover_every_pair_once_per_epoch_within_budget(rng):
-  pairs = make_pairs(rng, 500)
-  batcher = batching.TokenBudgetBatcher(pairs, tokens_per_batch=256, max_len=64, seed=3,
-                                        row_multiple=4)
-  for epoch in (0, 1):
-    seen = []
-    for length, rows, indices in batcher.epoch_batches(epoch):
-      assert rows % 4 == 0 and rows * length <= 256 and len(indices) <= rows
-      batch = batcher.make_batch(length, rows, indices)
-      assert batch["src"].shape == batch["tgt"].shape == (rows, length)
-      for row, i in enumerate(indices):  # real tokens first, then padding only
-        n = len(pairs.source[i])
-        np.testing.assert_array_equal(batch["src"][row, :n], pairs.source[i])
-        assert (batch["src"][row, n:] == PAD_ID).all()
-      assert (batch["tgt"][len(indices):] == PAD_ID).all()
-      seen += list(indices)
-    assert sorted(seen) == list(range(500))
-  assert len(batcher.epoch_batches(0)) == batcher.batches_per_epoch
-
-
-def test_batch_order_is_a_function_of_seed_and_epoch(rng):
-  pairs = make_pairs(rng, 300)
-  a = batching.TokenBudgetBatcher(pairs, 256, 64, seed=1)
-  b = batching.TokenBudgetBatcher(pairs, 256, 64, seed=1)
-  c = batching.TokenBudgetBatcher(pairs, 256, 64, seed=2)
-  n = a.batches_per_epoch
-  for step in (0, 5, n + 2):  # the same step gives the same batch, even across epochs
-    np.testing.assert_array_equal(a.batch_at(step)["src"], b.batch_at(step)["src"])
-  order = lambda batcher, epoch: np.concatenate([i for _, _, i in batcher.epoch_batches(epoch)])
-  assert not np.array_equal(order(a, 0), order(a, 1))
-  assert not np.array_equal(order(a, 0), order(c, 0))
+def test_filter_pairs_drops_and_counts():
+  ids = lambda n: list(range(4, 4 + n))
+  src = [ids(3), [], ids(30), ids(2), ids(20), ids(5)]
+  tgt = [ids(4), ids(2), ids(3), [], ids(2), ids(6)]
+  pairs = batching.filter_pairs(src, tgt, max_len=24, max_ratio=9.0)
+  assert pairs.dropped == {"empty": 2, "too_long": 1, "length_ratio": 1}
+  assert len(pairs) == 2 and pairs.source[0].tolist() == ids(3) + [EOS_ID]
+  assert pairs.target[1].tolist() == ids(6) + [EOS_ID]
+  assert len(batching.filter_pairs(src, tgt, max_len=24, max_ratio=0)) == 3  # 20 vs 2 kept: 0 = off
 
 
 def test_bucket_boundaries():

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import tiny_run_config
+
 from transformer.metrics import read_metrics
 from transformer.train import train_and_evaluate
 

@@ -3,11 +3,12 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import init_params, tiny_model_config
+
 from transformer import decode
 from transformer.config import base_config
-from transformer.data import sources, vocab as vocab_lib
+from transformer.data import sources
+from transformer.data import vocab as vocab_lib
 from transformer.evaluate import translate
 from transformer.model import EOS_ID, Transformer
 

@@ -6,11 +6,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import init_params, random_tokens, tiny_model_config
-from transformer.model import (ModelConfig, Transformer, analytic_param_count, dot_product_attention,
-                               shift_right, sinusoidal_encoding)
+
 from transformer.info import param_counts
+from transformer.model import (
+  ModelConfig,
+  Transformer,
+  analytic_param_count,
+  dot_product_attention,
+  shift_right,
+  sinusoidal_encoding,
+)
 
 
 def numpy_attention(q, k, v, mask):

@@ -1,5 +1,6 @@
 """Schedule, loss and train step against hand computations; the data-parallel step on 8 devices."""
 
+import functools
 import json
 import math
 import os
@@ -12,12 +13,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
 from conftest import init_params, random_tokens, tiny_model_config
+
 from transformer.config import base_config
-from transformer.model import Transformer
-from transformer.train import (TrainState, learning_rate_schedule, loss_sums, make_optimizer,
-                               train_step)
+from transformer.model import Transformer, shift_right
+from transformer.train import (
+  TrainState,
+  forward,
+  learning_rate_schedule,
+  loss_sums,
+  make_optimizer,
+  train_step,
+)
 
 
 @pytest.mark.parametrize("step,expected", [
@@ -57,12 +64,12 @@ def test_label_smoothed_loss_against_hand_computation():
   assert float(sums["correct"]) == 0  # argmaxes are 3 and 2; targets 2 and 3
 
 
-def test_train_step_is_one_adam_update_on_the_mean_token_loss(rng):
-  cfg = base_config()
-  cfg.model.d_model = 16
+def test_train_step_follows_the_gradient_of_the_mean_token_loss(rng):
+  """With SGD(1) the update is minus the gradient, checked against the objective written directly
+  (Adam's first step is ~lr * sign(g): float noise in near-zero gradients would flip signs)."""
   model = Transformer(tiny_model_config())
   params = init_params(model)
-  state = TrainState.create(apply_fn=model.apply, params=params, tx=make_optimizer(cfg))
+  state = TrainState.create(apply_fn=model.apply, params=params, tx=optax.sgd(1.0))
   batch = {"src": random_tokens(rng, 3, 5, 24, lengths=[5, 3, 2]),
            "tgt": random_tokens(rng, 3, 6, 24, lengths=[6, 4, 1])}
   new_state, sums = train_step(state, batch, jax.random.PRNGKey(0), smoothing=0.1)
@@ -70,14 +77,89 @@ def test_train_step_is_one_adam_update_on_the_mean_token_loss(rng):
   assert float(sums["tokens"]) == 11
 
   def loss(p):  # the same objective written directly
-    from transformer.model import shift_right
     s = loss_sums(model.apply({"params": p}, batch["src"], shift_right(batch["tgt"])), batch["tgt"], 0.1)
     return s["loss"] / s["tokens"]
   grads = jax.grad(loss)(params)
-  updates, _ = make_optimizer(cfg).update(grads, make_optimizer(cfg).init(params), params)
-  expected = optax.apply_updates(params, updates)
-  for got, want in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(expected)):
+  for new, old, g in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(params),
+                         jax.tree.leaves(grads)):
+    np.testing.assert_allclose(old - new, g, atol=1e-6)
+  assert float(sums["grad_norm"]) == pytest.approx(float(optax.tree.norm(grads)), rel=1e-5)
+
+
+def test_train_step_applies_adam_on_the_paper_schedule(rng):
+  cfg = base_config()
+  cfg.model.d_model = 16
+  cfg.train.learning_rate = 1000.0  # a first step of ~1e-3, far above float32 rounding of the weights
+  model = Transformer(tiny_model_config())
+  params = init_params(model)
+  state = TrainState.create(apply_fn=model.apply, params=params, tx=make_optimizer(cfg))
+  batch = {"src": random_tokens(rng, 3, 5, 24), "tgt": random_tokens(rng, 3, 6, 24)}
+  new_state, _ = train_step(state, batch, jax.random.PRNGKey(0), smoothing=0.1)
+  lr = float(learning_rate_schedule(16, cfg.train.warmup_steps, 1000.0)(0))
+  steps = np.concatenate([np.abs(np.asarray(a - b)).ravel() for a, b in
+                          zip(jax.tree.leaves(new_state.params), jax.tree.leaves(params))])
+  assert steps.max() <= lr * 1.001  # Adam's first step moves each weight by at most lr,
+  assert np.median(steps) > 0.9 * lr  # and by about lr wherever the gradient is not tiny.
+
+
+def test_gradient_accumulation_makes_the_same_update(rng):
+  """4 micro-batches of 2 rows give the gradient of one batch of 8 rows (no dropout to differ).
+
+  Plain SGD makes the update the gradient itself (Adam's first step is ~lr * sign(g), which turns
+  float noise in near-zero gradients into sign flips)."""
+  model = Transformer(tiny_model_config(dropout=0.0))
+  state = TrainState.create(apply_fn=model.apply, params=init_params(model), tx=optax.sgd(1.0))
+  batch = {"src": random_tokens(rng, 8, 6, 24, lengths=[6, 5, 4, 3, 6, 2, 5, 1]),
+           "tgt": random_tokens(rng, 8, 7, 24, lengths=[7, 3, 4, 5, 2, 6, 1, 7])}
+  whole, whole_sums = train_step(state, batch, jax.random.PRNGKey(0), smoothing=0.1)
+  accumulated, sums = jax.jit(functools.partial(train_step, smoothing=0.1, accum_steps=4))(
+      state, batch, jax.random.PRNGKey(0))
+  for key in ("loss", "nll", "tokens", "grad_norm"):
+    assert float(sums[key]) == pytest.approx(float(whole_sums[key]), rel=1e-5)
+  for got, want in zip(jax.tree.leaves(accumulated.params), jax.tree.leaves(whole.params)):
     np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_packed_rows_train_like_the_same_pairs_unpacked(rng):
+  """Same pairs, packed several per row or one per row: the same per-token losses and update."""
+  from transformer.data import batching
+  model = Transformer(tiny_model_config(dropout=0.0, max_len=40))
+  params = init_params(model, scale=3.0)
+  lengths = [(3, 5), (6, 2), (2, 2), (7, 6), (4, 9), (1, 3)]
+  pairs = batching.EncodedPairs([np.append(rng.integers(4, 24, a), 1).astype(np.int32) for a, _ in lengths],
+                                [np.append(rng.integers(4, 24, b), 1).astype(np.int32) for _, b in lengths], {})
+  rows = batching.pack_pairs(pairs, 16)
+  assert len(rows) < len(lengths)  # some rows really hold several pairs
+  packed = batching.packed_batch(pairs, rows, 16, len(rows))
+  unpacked = batching.padded_batch(pairs, range(len(lengths)), 12, len(lengths))
+
+  def token_losses(batch):
+    logits = forward(model.apply, params, batch)
+    log_probs = jax.nn.log_softmax(logits)
+    return -np.take_along_axis(np.asarray(log_probs), batch["tgt"][..., None], -1)[..., 0]
+
+  packed_losses, unpacked_losses = token_losses(packed), token_losses(unpacked)
+  for r, members in enumerate(rows):
+    for segment, i in enumerate(members, start=1):
+      got = packed_losses[r][packed["tgt_segments"][r] == segment]
+      want = unpacked_losses[i][:len(pairs.target[i])]
+      np.testing.assert_allclose(got, want, rtol=1e-4)  # float32 sums in other orders
+  cfg = base_config()
+  cfg.model.d_model = 16
+  state = TrainState.create(apply_fn=model.apply, params=params, tx=make_optimizer(cfg))
+  a, sums_a = train_step(state, packed, jax.random.PRNGKey(0), smoothing=0.1)
+  b, sums_b = train_step(state, unpacked, jax.random.PRNGKey(0), smoothing=0.1)
+  assert float(sums_a["tokens"]) == float(sums_b["tokens"]) == sum(t for _, t in lengths) + 6
+  assert float(sums_a["loss"]) == pytest.approx(float(sums_b["loss"]), rel=1e-5)
+  for got, want in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_packed_decoder_input_starts_every_pair_with_bos():
+  tgt = jnp.array([[5, 6, 1, 7, 1, 8, 9, 1, 0, 0]])
+  segments = jnp.array([[1, 1, 1, 2, 2, 3, 3, 3, 0, 0]])
+  assert shift_right(tgt, segments).tolist() == [[2, 5, 6, 2, 7, 2, 8, 9, 0, 0]]
+  assert shift_right(tgt).tolist() == [[2, 5, 6, 1, 7, 1, 8, 9, 0, 0]]  # unpacked: one sequence
 
 
 EIGHT_DEVICES = textwrap.dedent("""

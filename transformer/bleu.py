@@ -7,7 +7,7 @@ subword ids or on the model's own tokenization.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from sacrebleu.metrics import BLEU
 

@@ -2,7 +2,8 @@
 
     WORKDIR/config.json        the run's config (the evaluation program rebuilds the model from it)
     WORKDIR/vocab.model        the SentencePiece vocabulary (data/vocab.py)
-    WORKDIR/checkpoints/<step> Orbax checkpoints of the train state, the last `keep` of them
+    WORKDIR/checkpoints/<step> Orbax checkpoints, the last `keep` of them: the train state ('state')
+                               and the input pipeline's position ('data', JSON)
     WORKDIR/metrics.jsonl      one JSON object per logged event (metrics.py)
 
 Orbax's CheckpointManager writes asynchronously (training continues while the previous step's arrays
@@ -68,23 +69,41 @@ def manager(workdir: str | os.PathLike, keep: int = 5, read_only: bool = False
   return ocp.CheckpointManager(Path(workdir).absolute() / CHECKPOINT_DIR, options=options)
 
 
-def save(mngr: ocp.CheckpointManager, step: int, state: Any) -> None:
-  """Starts an asynchronous save of `state` at `step`; the caller decides the cadence."""
-  mngr.save(step, args=ocp.args.StandardSave(state), force=True)
+def save(mngr: ocp.CheckpointManager, step: int, state: Any, data_state: dict[str, int]) -> None:
+  """Starts an asynchronous save of the train state and the input pipeline's position at `step`."""
+  mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                          data=ocp.args.JsonSave(data_state)), force=True)
 
 
-def restore(mngr: ocp.CheckpointManager, abstract_state: Any, step: int | None = None) -> Any:
-  """Restores `step` (default: the latest) into the shapes, dtypes and shardings of `abstract_state`."""
+def _checked_step(mngr: ocp.CheckpointManager, step: int | None) -> int:
   steps = mngr.all_steps()
   if not steps:
     raise CheckpointError(f"no checkpoint in {mngr.directory}; train first, or check --workdir")
   if step is None:
-    step = max(steps)
-  elif step not in steps:
+    return max(steps)
+  if step not in steps:
     raise CheckpointError(f"no checkpoint for step {step} in {mngr.directory}; "
                           f"available steps: {', '.join(map(str, sorted(steps)))}")
+  return step
+
+
+def restore(mngr: ocp.CheckpointManager, abstract_state: Any, step: int | None = None) -> Any:
+  """Restores `step` (default: the latest) into the shapes, dtypes and shardings of `abstract_state`."""
+  step = _checked_step(mngr, step)
   try:
-    return mngr.restore(step, args=ocp.args.StandardRestore(abstract_state))
+    return mngr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state))).state
   except (ValueError, KeyError, FileNotFoundError) as e:
     raise CheckpointError(f"checkpoint {step} in {mngr.directory} does not match this model "
                           f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+
+
+def restore_data_state(mngr: ocp.CheckpointManager, step: int) -> dict[str, int]:
+  """The input pipeline's position saved with checkpoint `step`."""
+  step = _checked_step(mngr, step)
+  try:
+    return dict(mngr.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore())).data)
+  except (ValueError, KeyError, FileNotFoundError) as e:
+    raise CheckpointError(f"checkpoint {step} in {mngr.directory} has no input-pipeline position "
+                          f"({type(e).__name__}); it was written by an older version: start a new "
+                          "--workdir") from None

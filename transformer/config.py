@@ -15,6 +15,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 DATA_SOURCES = ("multi30k", "files", "tfds")
 VOCAB_MODEL_TYPES = ("bpe", "unigram")
+BATCHING_MODES = ("bucket", "pack")
 
 
 class ConfigError(ValueError):
@@ -48,14 +49,21 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.eval_src = ""
   c.data.eval_tgt = ""
   c.data.tfds_name = ""             # for source='tfds', e.g. 'wmt14_translate/de-en'.
-  c.data.tfds_data_dir = ""
+  c.data.eval_tfds_name = ""        # evaluate on another TFDS dataset ('' = tfds_name).
+  c.data.tfds_data_dir = ""         # '' = $TFDS_DATA_DIR or ~/tensorflow_datasets.
   c.data.train_split = "train"
   c.data.eval_split = "validation"
   c.data.vocab_size = 37000         # shared SentencePiece vocabulary.
   c.data.vocab_model_type = "bpe"
-  c.data.vocab_sample_sentences = 2_000_000
-  c.data.max_len = 256              # longer training pairs (in subword tokens) are dropped.
-  c.data.tokens_per_batch = 25000   # per side, padding included; the paper's ~25k.
+  c.data.vocab_sample_sentences = 1_000_000  # training pairs sampled uniformly to train it.
+  c.data.vocab_cache_dir = ""       # '' = $XDG_CACHE_HOME/transformer/vocab (~/.cache/...).
+  c.data.max_len = 256              # longer training pairs (in subword tokens) are dropped,
+  c.data.max_length_ratio = 9.0     # and pairs with one side 9x longer (Moses' clean-corpus; 0 = off).
+  c.data.batching = "bucket"        # 'bucket': pairs of similar length per batch (the paper's);
+                                    # 'pack': several pairs per row of pack_length tokens.
+  c.data.pack_length = 256
+  c.data.tokens_per_batch = 25000   # per side per step, padding included; the paper's ~25k.
+  c.data.shuffle_window = 200_000   # pairs tokenized and batched together (the epoch is shuffled).
 
   c.train = ml_collections.ConfigDict()
   c.train.steps = 100_000
@@ -65,6 +73,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.adam_b2 = 0.98
   c.train.adam_eps = 1e-9
   c.train.label_smoothing = 0.1
+  c.train.grad_accum_steps = 1      # split each batch into this many micro-batches (same update).
   c.train.dropout_rng = "threefry2x32"  # JAX's default; 'unsafe_rbg' makes dropout ~2x cheaper on CPU.
   c.train.log_every = 100
   c.train.eval_every = 1000
@@ -76,6 +85,36 @@ def base_config() -> ml_collections.ConfigDict:
   c.decode.alpha = 0.6              # GNMT length penalty ((5 + len) / 6) ** alpha.
   c.decode.max_extra_len = 50       # output may be up to input length + this.
   c.decode.tokens_per_batch = 4096  # source tokens per decoding batch (before the beam).
+  return c
+
+
+PAPER_SIZES = {  # Table 3 of the paper; steps as trained there (100k base, 300k big).
+    "base": dict(num_layers=6, d_model=512, d_ff=2048, num_heads=8, dropout=0.1, steps=100_000),
+    "big": dict(num_layers=6, d_model=1024, d_ff=4096, num_heads=16, dropout=0.3, steps=300_000),
+}
+
+
+def wmt_config(size: str, tfds_name: str, src_lang: str, tgt_lang: str, vocab_size: int,
+               config_file: str) -> ml_collections.ConfigDict:
+  """The paper's base or big model and recipe on a TFDS WMT dataset (the configs/wmt*.py files)."""
+  if size not in PAPER_SIZES:
+    raise ValueError(f"unknown size {size!r} for {config_file}; use :base or :big")
+  c = base_config()
+  for key, value in PAPER_SIZES[size].items():
+    if key == "steps":
+      c.train.steps = value
+    else:
+      c.model[key] = value
+  c.model.dtype = "bfloat16"
+  c.data.source = "tfds"
+  c.data.tfds_name = tfds_name
+  c.data.src_lang, c.data.tgt_lang = src_lang, tgt_lang
+  c.data.train_split = "train"
+  c.data.eval_split = "validation"
+  c.data.vocab_size = vocab_size
+  c.data.tokens_per_batch = 25000
+  c.train.checkpoint_every = 1000
+  c.train.keep_checkpoints = 20 if size == "big" else 5  # the paper averages the last 5 / 20.
   return c
 
 
@@ -105,7 +144,7 @@ def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Checks every value once, raising `ConfigError` with the key's name; returns `cfg`."""
   for key in ("model.num_layers", "model.d_model", "model.d_ff", "model.num_heads", "model.max_len",
               "data.vocab_size", "data.max_len", "data.tokens_per_batch", "data.vocab_sample_sentences",
-              "train.steps", "train.warmup_steps", "train.log_every", "train.eval_every",
+              "data.pack_length", "data.shuffle_window", "train.grad_accum_steps", "train.steps", "train.warmup_steps", "train.log_every", "train.eval_every",
               "train.checkpoint_every", "train.keep_checkpoints", "decode.beam_size",
               "decode.tokens_per_batch"):
     _positive(cfg, key)
@@ -119,6 +158,14 @@ def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _choice(cfg, "data.source", DATA_SOURCES)
   _choice(cfg, "train.dropout_rng", RNG_IMPLS)
   _choice(cfg, "data.vocab_model_type", VOCAB_MODEL_TYPES)
+  _choice(cfg, "data.batching", BATCHING_MODES)
+  ratio = cfg.data.max_length_ratio
+  if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or (ratio != 0 and ratio < 1):
+    raise ConfigError(f"config.data.max_length_ratio must be >= 1 (or 0 to keep every ratio), "
+                      f"got {ratio!r}")
+  if cfg.data.batching == "pack" and cfg.data.pack_length < cfg.data.max_len:
+    raise ConfigError(f"config.data.pack_length ({cfg.data.pack_length}) must be >= "
+                      f"config.data.max_len ({cfg.data.max_len}) so that every kept pair fits a row")
   for key in ("model.dropout", "model.attention_dropout", "train.label_smoothing"):
     _probability(cfg, key)
   for key in ("train.learning_rate", "train.adam_eps"):
@@ -134,6 +181,10 @@ def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if cfg.model.positional == "learned" and cfg.model.max_len < cfg.data.max_len:
     raise ConfigError(f"config.model.max_len ({cfg.model.max_len}) must be >= config.data.max_len "
                       f"({cfg.data.max_len}) for learned positions")
+  longest = max(cfg.data.max_len, cfg.data.pack_length if cfg.data.batching == "pack" else 0)
+  if cfg.data.tokens_per_batch < longest:
+    raise ConfigError(f"config.data.tokens_per_batch ({cfg.data.tokens_per_batch}) must hold at "
+                      f"least one row of {longest} tokens")
   if cfg.data.source == "files":
     for key in ("train_src", "train_tgt", "eval_src", "eval_tgt"):
       if not cfg.data[key]:

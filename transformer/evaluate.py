@@ -17,8 +17,9 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import ml_collections
@@ -29,7 +30,8 @@ from absl import app, flags
 from transformer import bleu, checkpoints, decode, partitioning
 from transformer.cli import run_program
 from transformer.config import ConfigError
-from transformer.data import sources, vocab as vocab_lib
+from transformer.data import sources
+from transformer.data import vocab as vocab_lib
 from transformer.data.batching import pad_rows
 from transformer.metrics import MetricWriter, format_duration
 from transformer.model import EOS_ID, ModelConfig, Transformer
@@ -76,10 +78,10 @@ def translate(model: Transformer, params: Any, vocab: spm.SentencePieceProcessor
     groups.setdefault(bucket(len(ids[i])), []).append(i)
 
   if beam_size == 1:
-    search = lambda p, src, lim, decode_len: decode.greedy_search(  # noqa: E731
+    search = lambda p, src, lim, decode_len: decode.greedy_search(
         model, p, src, lim, decode_len)
   else:
-    search = lambda p, src, lim, decode_len: decode.beam_search(  # noqa: E731
+    search = lambda p, src, lim, decode_len: decode.beam_search(
         model, p, src, lim, decode_len, beam_size, alpha)[0]
   outputs: list[list[int]] = [[] for _ in sentences]
   compile_time, decode_time, translated = 0.0, 0.0, 0

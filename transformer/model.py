@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -44,7 +45,7 @@ class ModelConfig:
   dtype: Any = jnp.float32
 
   @classmethod
-  def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "ModelConfig":
+  def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
     """Builds the model config from a run config's `model` section and the vocabulary size."""
     fields = {f.name for f in dataclasses.fields(cls)} - {"vocab_size", "dtype"}
     return cls(vocab_size=vocab_size, dtype=jnp.dtype(model.dtype),
@@ -110,7 +111,7 @@ class MultiHeadAttention(nn.Module):
                deterministic: bool, cache: str | None = None, decode_len: int = 0) -> jax.Array:
     cfg = self.config
     heads, depth = cfg.num_heads, cfg.d_model // cfg.num_heads
-    project = lambda name: nn.DenseGeneral(  # noqa: E731  D -> (H, K)
+    project = lambda name: nn.DenseGeneral(
         (heads, depth), dtype=cfg.dtype, name=name, kernel_init=_dense_init)
     query = project("query")(inputs_q)
     key_proj, value_proj = project("key"), project("value")
@@ -133,7 +134,7 @@ class MultiHeadAttention(nn.Module):
     else:
       key, value = key_proj(inputs_kv), value_proj(inputs_kv)
 
-    attention_dropout = lambda w: nn.Dropout(cfg.attention_dropout)(  # noqa: E731
+    attention_dropout = lambda w: nn.Dropout(cfg.attention_dropout)(
         w, deterministic=deterministic or cfg.attention_dropout == 0.0)
     out = dot_product_attention(query, key, value, mask, attention_dropout)
     return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), dtype=cfg.dtype, name="out",
@@ -157,7 +158,7 @@ class FeedForward(nn.Module):
 def residual(config: ModelConfig, x: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
              norm: nn.LayerNorm, deterministic: bool) -> jax.Array:
   """Post-LN: LayerNorm(x + Dropout(f(x))), as in the paper; pre-LN: x + Dropout(f(LayerNorm(x)))."""
-  drop = lambda y: nn.Dropout(config.dropout)(y, deterministic=deterministic)  # noqa: E731
+  drop = lambda y: nn.Dropout(config.dropout)(y, deterministic=deterministic)
   if config.norm == "pre":
     return x + drop(sublayer(norm(x)))
   return norm(x + drop(sublayer(x)))
@@ -211,12 +212,13 @@ class Encoder(nn.Module):
   embed: nn.Embed
 
   @nn.compact
-  def __call__(self, src: jax.Array, deterministic: bool) -> jax.Array:
+  def __call__(self, src: jax.Array, deterministic: bool, segments: jax.Array | None = None,
+               positions: jax.Array | None = None) -> jax.Array:
     cfg = self.config
     x = embed_tokens(cfg, self.embed, src)
-    x = Positions(cfg, name="positions")(x, jnp.arange(src.shape[1])[None, :])
+    x = Positions(cfg, name="positions")(x, default_positions(src, positions))
     x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
-    mask = source_mask(src)
+    mask = source_mask(src) if segments is None else segment_mask(segments, segments)
     for i in range(cfg.num_layers):
       x = EncoderLayer(cfg, name=f"layer_{i}")(x, mask, deterministic)
     if cfg.norm == "pre":
@@ -231,20 +233,27 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(self, encoded: jax.Array, src: jax.Array, tgt_in: jax.Array, deterministic: bool,
-               decode: bool = False, decode_len: int = 0) -> jax.Array:
+               decode: bool = False, decode_len: int = 0, src_segments: jax.Array | None = None,
+               tgt_segments: jax.Array | None = None, tgt_positions: jax.Array | None = None
+               ) -> jax.Array:
     cfg = self.config
     if decode:  # one position per call; the cache remembers where we are.
       position = self.variable("cache", "position", lambda: jnp.zeros((), jnp.int32))
       positions = jnp.broadcast_to(position.value, tgt_in.shape)
       position.value = position.value + 1
       self_mask = None  # the self-attention cache masks positions not yet written.
-    else:
-      positions = jnp.arange(tgt_in.shape[1])[None, :]
-      self_mask = nn.make_causal_mask(tgt_in, dtype=jnp.bool_) & (tgt_in != PAD_ID)[:, None, None, :]
+      cross_mask = source_mask(src)
+    elif tgt_segments is None:
+      positions = default_positions(tgt_in, None)
+      self_mask = causal_mask(tgt_in) & (tgt_in != PAD_ID)[:, None, None, :]
+      cross_mask = source_mask(src)
+    else:  # packed rows: attend within the same segment only.
+      positions = tgt_positions
+      self_mask = causal_mask(tgt_in) & segment_mask(tgt_segments, tgt_segments)
+      cross_mask = segment_mask(tgt_segments, src_segments)
     x = embed_tokens(cfg, self.embed, tgt_in)
     x = Positions(cfg, name="positions")(x, positions)
     x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
-    cross_mask = source_mask(src)
     for i in range(cfg.num_layers):
       x = DecoderLayer(cfg, name=f"layer_{i}")(x, encoded, self_mask, cross_mask, deterministic,
                                                decode, decode_len)
@@ -264,6 +273,22 @@ def source_mask(src: jax.Array) -> jax.Array:
   return (src != PAD_ID)[:, None, None, :]
 
 
+def causal_mask(tgt: jax.Array) -> jax.Array:
+  """[B, 1, T, T]: True where the key position is not after the query position."""
+  return nn.make_causal_mask(tgt, dtype=jnp.bool_)
+
+
+def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Array:
+  """[B, 1, T, S]: True where query and key belong to the same packed pair (segment ids > 0)."""
+  same = query_segments[:, None, :, None] == key_segments[:, None, None, :]
+  return same & (key_segments != 0)[:, None, None, :]
+
+
+def default_positions(tokens: jax.Array, positions: jax.Array | None) -> jax.Array:
+  """Positions 0, 1, 2, ... along each row unless given (packed rows restart at every segment)."""
+  return jnp.arange(tokens.shape[1])[None, :] if positions is None else positions
+
+
 # -------------------------------------------------------------------------------------------- model
 
 class Transformer(nn.Module):
@@ -272,7 +297,7 @@ class Transformer(nn.Module):
 
   def setup(self):
     cfg = self.config
-    embed = lambda name: nn.Embed(  # noqa: E731
+    embed = lambda name: nn.Embed(
         cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, name=name,
         embedding_init=nn.initializers.normal(cfg.d_model ** -0.5))
     if cfg.share_embeddings:
@@ -283,20 +308,35 @@ class Transformer(nn.Module):
       self.encoder = Encoder(cfg, embed=embed("source_embed"))
       self.decoder = Decoder(cfg, embed=embed("target_embed"))
 
-  def encode(self, src: jax.Array, deterministic: bool = True) -> jax.Array:
-    return self.encoder(src, deterministic)
+  def encode(self, src: jax.Array, deterministic: bool = True, src_segments: jax.Array | None = None,
+             src_positions: jax.Array | None = None) -> jax.Array:
+    return self.encoder(src, deterministic, src_segments, src_positions)
 
   def decode(self, encoded: jax.Array, src: jax.Array, tgt_in: jax.Array, deterministic: bool = True,
-             decode: bool = False, decode_len: int = 0) -> jax.Array:
-    return self.decoder(encoded, src, tgt_in, deterministic, decode, decode_len)
+             decode: bool = False, decode_len: int = 0, **packing: jax.Array | None) -> jax.Array:
+    return self.decoder(encoded, src, tgt_in, deterministic, decode, decode_len, **packing)
 
-  def __call__(self, src: jax.Array, tgt_in: jax.Array, deterministic: bool = True) -> jax.Array:
-    return self.decode(self.encode(src, deterministic), src, tgt_in, deterministic)
+  def __call__(self, src: jax.Array, tgt_in: jax.Array, deterministic: bool = True, *,
+               src_segments: jax.Array | None = None, src_positions: jax.Array | None = None,
+               tgt_segments: jax.Array | None = None, tgt_positions: jax.Array | None = None
+               ) -> jax.Array:
+    """Teacher-forced logits. Packed rows (several pairs per row) pass segment ids (1, 2, ... per
+    pair, 0 for padding) and per-pair positions for both sides; attention stays within a pair."""
+    encoded = self.encode(src, deterministic, src_segments, src_positions)
+    return self.decode(encoded, src, tgt_in, deterministic, src_segments=src_segments,
+                       tgt_segments=tgt_segments, tgt_positions=tgt_positions)
 
 
-def shift_right(tgt: jax.Array) -> jax.Array:
-  """Decoder input: BOS followed by the target without its last token (padding stays padding)."""
+def shift_right(tgt: jax.Array, segments: jax.Array | None = None) -> jax.Array:
+  """Decoder input: BOS followed by the target without its last token (padding stays padding).
+
+  With packed rows (`segments` given) the shift is per pair: every pair's first input is BOS, not the
+  previous pair's EOS.
+  """
   shifted = jnp.concatenate([jnp.full_like(tgt[:, :1], BOS_ID), tgt[:, :-1]], axis=1)
+  if segments is not None:
+    previous_segment = jnp.concatenate([jnp.zeros_like(segments[:, :1]), segments[:, :-1]], axis=1)
+    shifted = jnp.where(segments != previous_segment, BOS_ID, shifted)
   return jnp.where(tgt == PAD_ID, PAD_ID, shifted)
 
 

@@ -11,12 +11,14 @@ asynchronously every `train.checkpoint_every` steps, and resumes from the latest
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +32,8 @@ from ml_collections import config_flags
 from transformer import checkpoints, partitioning
 from transformer.cli import run_program
 from transformer.config import ConfigError, validate
-from transformer.data import batching, sources, vocab as vocab_lib
+from transformer.data import pipeline, sources
+from transformer.data import vocab as vocab_lib
 from transformer.metrics import MetricWriter, format_duration
 from transformer.model import PAD_ID, ModelConfig, Transformer, shift_right
 
@@ -90,18 +93,50 @@ def abstract_train_state(cfg: ml_collections.ConfigDict, model: Transformer,
   return partitioning.with_sharding(jax.eval_shape(init, jax.random.PRNGKey(0)), sharding)
 
 
+PACKING_KEYS = ("src_segments", "src_positions", "tgt_segments", "tgt_positions")
+
+
+def forward(apply_fn, params: Any, batch: dict[str, jax.Array], **kwargs) -> jax.Array:
+  """Teacher-forced logits for a batch of one pair per row, or of packed rows (with segment ids)."""
+  tgt_in = shift_right(batch["tgt"], batch.get("tgt_segments"))
+  packing = {k: batch[k] for k in PACKING_KEYS if k in batch}
+  return apply_fn({"params": params}, batch["src"], tgt_in, **packing, **kwargs)
+
+
 def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_rng: jax.Array, *,
-               smoothing: float) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One Adam update on the mean label-smoothed loss per target token of the (global) batch."""
+               smoothing: float, accum_steps: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One Adam update on the mean label-smoothed loss per target token of the (global) batch.
+
+  With `accum_steps` > 1 the batch is split into that many micro-batches whose summed gradients make
+  the same update (up to float rounding and dropout masks) with a fraction of the activation memory:
+  how one GPU follows the paper's 25k-token batches. Micro-batch k takes rows k, k + A, k + 2A, ...,
+  so each device keeps working on its own rows.
+  """
   rng = jax.random.fold_in(dropout_rng, state.step)
 
-  def loss_fn(params):
-    logits = state.apply_fn({"params": params}, batch["src"], shift_right(batch["tgt"]),
-                            deterministic=False, rngs={"dropout": rng})
-    sums = loss_sums(logits, batch["tgt"], smoothing)
-    return sums["loss"] / jnp.maximum(sums["tokens"], 1.0), sums
+  def loss_fn(params, micro, micro_rng):
+    logits = forward(state.apply_fn, params, micro, deterministic=False, rngs={"dropout": micro_rng})
+    sums = loss_sums(logits, micro["tgt"], smoothing)
+    return sums["loss"], sums
 
-  grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
+  grad_fn = jax.grad(loss_fn, has_aux=True)
+  if accum_steps == 1:
+    grads, sums = grad_fn(state.params, batch, rng)
+  else:
+    micro_batches = jax.tree.map(
+        lambda x: x.reshape(x.shape[0] // accum_steps, accum_steps, *x.shape[1:]).swapaxes(0, 1),
+        batch)
+
+    def accumulate(totals, micro_and_index):
+      micro, k = micro_and_index
+      grads, sums = grad_fn(state.params, micro, jax.random.fold_in(rng, k))
+      return jax.tree.map(jnp.add, totals, (grads, sums)), None
+
+    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, state.params,
+                                                        jax.tree.map(lambda x: x[0], micro_batches),
+                                                        rng))
+    (grads, sums), _ = jax.lax.scan(accumulate, zeros, (micro_batches, jnp.arange(accum_steps)))
+  grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
   sums["grad_norm"] = optax.tree.norm(grads)
   return state.apply_gradients(grads=grads), sums
 
@@ -115,14 +150,14 @@ def jit_train_fns(cfg: ml_collections.ConfigDict, model: Transformer, mesh: jax.
   replicated = partitioning.replicated(mesh)
   init = jax.jit(functools.partial(create_train_state, model, make_optimizer(cfg)),
                  out_shardings=replicated)
-  step = jax.jit(functools.partial(train_step, smoothing=cfg.train.label_smoothing),
+  step = jax.jit(functools.partial(train_step, smoothing=cfg.train.label_smoothing,
+                                   accum_steps=cfg.train.grad_accum_steps),
                  out_shardings=(replicated, replicated), donate_argnums=(0,))
   return init, step
 
 
 def eval_step(params: Any, batch: dict[str, jax.Array], *, model: Transformer) -> dict[str, jax.Array]:
-  logits = model.apply({"params": params}, batch["src"], shift_right(batch["tgt"]))
-  return loss_sums(logits, batch["tgt"], smoothing=0.0)
+  return loss_sums(forward(model.apply, params, batch), batch["tgt"], smoothing=0.0)
 
 
 def evaluate_loss(eval_fn, params: Any, batches: Iterable[dict[str, np.ndarray]],
@@ -150,25 +185,35 @@ def interval_record(step_sums: list[dict[str, np.ndarray]], seconds: float) -> d
           "tokens": tokens, "tokens_per_sec": tokens / seconds}
 
 
-def prepare_data(cfg: ml_collections.ConfigDict, workdir: Path, row_multiple: int):
-  """Reads the text, builds or reuses the vocabulary, and returns (vocab, train and eval batchers)."""
-  train_text = sources.load_split(cfg.data, cfg.data.train_split)
-  eval_text = sources.load_split(cfg.data, cfg.data.eval_split)
-  vocab = vocab_lib.vocab_for_run(workdir, train_text.source + train_text.target,
-                                  cfg.data.vocab_size, cfg.data.vocab_model_type,
-                                  cfg.data.vocab_sample_sentences, cfg.seed)
-  train_pairs = batching.encode_pairs(vocab, train_text, cfg.data.max_len)
-  eval_pairs = batching.encode_pairs(vocab, eval_text, cfg.data.max_len)
-  train_batches = batching.TokenBudgetBatcher(train_pairs, cfg.data.tokens_per_batch,
-                                              cfg.data.max_len, seed=cfg.seed, shuffle=True,
-                                              row_multiple=row_multiple)
-  eval_batches = batching.TokenBudgetBatcher(eval_pairs, cfg.data.tokens_per_batch,
-                                             cfg.data.max_len, shuffle=False,
-                                             row_multiple=row_multiple)
-  log.info("Data: %d training pairs (%d batches per epoch), %d validation pairs, vocabulary %d",
-           len(train_pairs.source), train_batches.batches_per_epoch, len(eval_pairs.source),
-           vocab.get_piece_size())
-  return vocab, train_batches, eval_batches
+def batch_spec(cfg: ml_collections.ConfigDict, num_devices: int) -> pipeline.BatchSpec:
+  """How the training pipeline batches: rows divisible by the devices times the micro-batches."""
+  return pipeline.BatchSpec(
+      mode=cfg.data.batching, tokens_per_batch=cfg.data.tokens_per_batch, max_len=cfg.data.max_len,
+      max_ratio=cfg.data.max_length_ratio, pack_length=cfg.data.pack_length,
+      row_multiple=num_devices * cfg.train.grad_accum_steps)
+
+
+def prepare_data(cfg: ml_collections.ConfigDict, workdir: Path, num_devices: int):
+  """Opens the data, builds or reuses the vocabulary; returns (vocab, train pipeline, eval batches).
+
+  Validation pairs are batched once (length buckets, no junk filter) and kept in memory.
+  """
+  train_source = sources.open_split(cfg.data, cfg.data.train_split)
+  eval_source = sources.open_split(cfg.data, cfg.data.eval_split)
+  vocab = vocab_lib.vocab_for_run(workdir, cfg.data, train_source, cfg.seed)
+  spec = batch_spec(cfg, num_devices)
+  train_pipeline = pipeline.InputPipeline(train_source, vocab, spec, seed=cfg.seed,
+                                          window_size=cfg.data.shuffle_window)
+  eval_spec = dataclasses.replace(spec, mode="bucket", max_ratio=0, row_multiple=num_devices)
+  eval_pipeline = pipeline.InputPipeline(eval_source, vocab, eval_spec, shuffle=False, repeat=False,
+                                         window_size=len(eval_source))
+  eval_batches = [batch for batch, _ in eval_pipeline.batches()]
+  log.info("Data: %s training pairs (%s), %s validation pairs in %d batches; vocabulary %d; "
+           "%s batches of ~%d tokens per side%s", f"{len(train_source):,}", train_source.name,
+           f"{len(eval_source):,}", len(eval_batches), vocab.get_piece_size(), cfg.data.batching,
+           cfg.data.tokens_per_batch,
+           f" in {cfg.train.grad_accum_steps} micro-batches" if cfg.train.grad_accum_steps > 1 else "")
+  return vocab, train_pipeline, eval_batches
 
 
 def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -178,7 +223,7 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str
   workdir.mkdir(parents=True, exist_ok=True)
   checkpoints.save_run_config(workdir, cfg)
   mesh = partitioning.data_mesh()
-  vocab, train_batches, eval_batches = prepare_data(cfg, workdir, row_multiple=mesh.size)
+  vocab, train_pipeline, eval_batches = prepare_data(cfg, workdir, num_devices=mesh.size)
 
   model = Transformer(ModelConfig.from_config(cfg.model, vocab.get_piece_size()))
   replicated = partitioning.replicated(mesh)
@@ -186,9 +231,13 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str
   dropout_rng = jax.random.key(cfg.seed + 1, impl=cfg.train.dropout_rng)
   init, step_fn = jit_train_fns(cfg, model, mesh)
   mngr = checkpoints.manager(workdir, keep=cfg.train.keep_checkpoints)
+  data_state = pipeline.PipelineState()
   if mngr.latest_step() is not None:
     state = checkpoints.restore(mngr, abstract_train_state(cfg, model, replicated))
-    log.info("Resumed from the checkpoint at step %d", int(state.step))
+    data_state = pipeline.PipelineState.from_dict(
+        checkpoints.restore_data_state(mngr, int(state.step)))
+    log.info("Resumed from the checkpoint at step %d (data: epoch %d, window %d, batch %d)",
+             int(state.step), data_state.epoch, data_state.window, data_state.batch)
   else:
     state = init(init_rng)
   n_params = sum(x.size for x in jax.tree.leaves(state.params))
@@ -206,9 +255,10 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str
   t_start = time.time()
   interval_start, interval_sums = time.time(), []
   tokens_seen = 0.0
+  batches = train_pipeline.batches(data_state)
   for step in range(start, total):
-    state, sums = step_fn(state, partitioning.shard_batch(train_batches.batch_at(step), mesh),
-                          dropout_rng)
+    batch, data_state = next(batches)
+    state, sums = step_fn(state, partitioning.shard_batch(batch, mesh), dropout_rng)
     interval_sums.append(sums)  # fetched only when logging, so the host never waits on the device
     done = step + 1
     if done % cfg.train.log_every == 0 or done == total:
@@ -216,7 +266,7 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str
       now = time.time()
       record = interval_record(step_sums, now - interval_start)
       record.update(learning_rate=float(schedule(step)),
-                    epoch=done / train_batches.batches_per_epoch, elapsed=now - t_start)
+                    epoch=train_pipeline.epoch_fraction(data_state), elapsed=now - t_start)
       tokens_seen += record.pop("tokens")
       writer.write("train", done, **record)
       eta = record["elapsed"] / (done - start) * (total - done)
@@ -225,12 +275,12 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str
                record["tokens_per_sec"], format_duration(record["elapsed"]), format_duration(eta))
       interval_start, interval_sums = time.time(), []
     if done % cfg.train.eval_every == 0 or done == total:
-      metrics = evaluate_loss(eval_fn, state.params, eval_batches.one_pass(), mesh)
+      metrics = evaluate_loss(eval_fn, state.params, eval_batches, mesh)
       writer.write("eval", done, **metrics)
       log.info("eval at step %d | nll %.3f | perplexity %.2f | accuracy %.3f", done,
                metrics["nll"], metrics["perplexity"], metrics["accuracy"])
     if done % cfg.train.checkpoint_every == 0 or done == total:
-      checkpoints.save(mngr, done, state)
+      checkpoints.save(mngr, done, state, data_state.to_dict())
   mngr.wait_until_finished()
   train_time = time.time() - t_start
   summary = {"steps": total, "resumed_from": start, "train_time_sec": train_time,

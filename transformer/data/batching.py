@@ -1,25 +1,23 @@
-"""Sentence pairs -> token ids -> batches of about `tokens_per_batch` tokens, grouped by length.
+"""Token ids -> fixed-shape batches, two ways: length buckets (the paper's) or packed rows.
 
-As in the paper, pairs of similar length are batched together so little compute goes to padding. Each
-length bucket has a fixed padded length and row count, so the jit-compiled step sees a handful of
-shapes and compiles once per bucket. An epoch's order is a pure function of (seed, epoch): training
-step `s` always sees the same batch, which makes a restarted run resume exactly where it stopped
-without saving any iterator state.
+These are pure functions of their inputs; `pipeline.py` decides which pairs go through them and when.
+
+* Buckets: pairs of similar length share a padded length from `bucket_boundaries`, and a batch holds
+  about `tokens_per_batch` tokens per side (rows = tokens_per_batch // length). A handful of shapes, so
+  the jit-compiled step compiles once per bucket.
+* Packing: several pairs share one row of `pack_length` tokens. Each pair gets a segment id (1, 2, ...;
+  0 is padding) and positions that restart at 0, so the model can keep attention inside a pair and
+  shift the decoder input per pair. One shape for every batch; almost no padding.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-from typing import Iterator
+from collections.abc import Sequence
 
 import numpy as np
-import sentencepiece as spm
 
-from transformer.data.sources import DataError, ParallelText
 from transformer.model import EOS_ID, PAD_ID
-
-log = logging.getLogger("transformer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,29 +27,36 @@ class EncodedPairs:
   target: list[np.ndarray]
   dropped: dict[str, int]
 
+  def __len__(self) -> int:
+    return len(self.source)
 
-def encode_pairs(vocab: spm.SentencePieceProcessor, text: ParallelText, max_len: int) -> EncodedPairs:
-  """Encodes both sides, dropping pairs with an empty side or a side longer than `max_len` tokens."""
-  src_ids = vocab.encode(text.source)
-  tgt_ids = vocab.encode(text.target)
+
+DROP_REASONS = ("empty", "too_long", "length_ratio")
+
+
+def filter_pairs(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]], max_len: int,
+                 max_ratio: float) -> EncodedPairs:
+  """Appends EOS and drops pairs with an empty side, a side over `max_len` tokens (EOS included), or
+  one side more than `max_ratio` times longer than the other (misaligned junk; 0 disables)."""
   source, target = [], []
-  dropped = {"empty": 0, "too_long": 0}
+  dropped = dict.fromkeys(DROP_REASONS, 0)
   for s, t in zip(src_ids, tgt_ids):
     if not s or not t:
       dropped["empty"] += 1
     elif len(s) + 1 > max_len or len(t) + 1 > max_len:
       dropped["too_long"] += 1
+    elif max_ratio and max(len(s), len(t)) > max_ratio * min(len(s), len(t)):
+      dropped["length_ratio"] += 1
     else:
-      source.append(np.array(s + [EOS_ID], np.int32))
-      target.append(np.array(t + [EOS_ID], np.int32))
-  if not source:
-    raise DataError(f"no sentence pair of {text.name} is left after filtering "
-                    f"({dropped['empty']} with an empty side, {dropped['too_long']} longer than "
-                    f"{max_len} tokens); check the files or raise config.data.max_len")
-  if any(dropped.values()):
-    log.info("%s: kept %d pairs, dropped %d with an empty side and %d longer than %d tokens",
-                 text.name, len(source), dropped["empty"], dropped["too_long"], max_len)
+      source.append(np.array([*s, EOS_ID], np.int32))
+      target.append(np.array([*t, EOS_ID], np.int32))
   return EncodedPairs(source, target, dropped)
+
+
+def describe_drops(kept: int, dropped: dict[str, int], max_len: int, max_ratio: float) -> str:
+  ratio = f", {dropped['length_ratio']:,} with a length ratio over {max_ratio:g}" if max_ratio else ""
+  return (f"kept {kept:,} pairs; dropped {dropped['empty']:,} with an empty side, "
+          f"{dropped['too_long']:,} longer than {max_len} tokens{ratio}")
 
 
 def bucket_boundaries(max_len: int) -> list[int]:
@@ -67,6 +72,43 @@ def bucket_boundaries(max_len: int) -> list[int]:
   return bounds + [max_len]
 
 
+def rows_per_batch(tokens_per_batch: int, length: int, row_multiple: int) -> int:
+  """Rows of `length` tokens in a batch of about `tokens_per_batch`, a multiple of `row_multiple`."""
+  return max(row_multiple, tokens_per_batch // length // row_multiple * row_multiple)
+
+
+def bucket_members(pairs: EncodedPairs, boundaries: Sequence[int]) -> list[np.ndarray]:
+  """For each boundary, the indices of the pairs whose longer side pads to it."""
+  lengths = np.array([max(len(s), len(t)) for s, t in zip(pairs.source, pairs.target)], np.int64)
+  bucket_of = np.searchsorted(np.asarray(boundaries), lengths)  # first boundary >= length
+  return [np.nonzero(bucket_of == b)[0] for b in range(len(boundaries))]
+
+
+def pack_pairs(pairs: EncodedPairs, length: int, max_open_rows: int = 32) -> list[list[int]]:
+  """Greedy first-fit packing: rows of pair indices whose sources and targets each fit in `length`.
+
+  Pairs are placed in the given order into the first of the last `max_open_rows` rows with room on
+  both sides; bounding the open rows keeps packing linear in the number of pairs.
+  """
+  rows: list[list[int]] = []
+  src_room = np.zeros(0, np.int64)
+  tgt_room = np.zeros(0, np.int64)
+  first_open = 0
+  for i, (s, t) in enumerate(zip(pairs.source, pairs.target)):
+    fits = np.nonzero((src_room[first_open:] >= len(s)) & (tgt_room[first_open:] >= len(t)))[0]
+    if len(fits):
+      row = first_open + int(fits[0])
+      rows[row].append(i)
+      src_room[row] -= len(s)
+      tgt_room[row] -= len(t)
+      continue
+    rows.append([i])
+    src_room = np.append(src_room, length - len(s))
+    tgt_room = np.append(tgt_room, length - len(t))
+    first_open = max(first_open, len(rows) - max_open_rows)
+  return rows
+
+
 def pad_rows(rows: list[np.ndarray], length: int, num_rows: int) -> np.ndarray:
   """[num_rows, length] int32, right-padded with PAD_ID (missing rows are all padding)."""
   out = np.full((num_rows, length), PAD_ID, np.int32)
@@ -75,61 +117,25 @@ def pad_rows(rows: list[np.ndarray], length: int, num_rows: int) -> np.ndarray:
   return out
 
 
-class TokenBudgetBatcher:
-  """Length-bucketed batches with a fixed number of padded tokens per side.
+def padded_batch(pairs: EncodedPairs, indices: Sequence[int], length: int, num_rows: int
+                 ) -> dict[str, np.ndarray]:
+  """One pair per row: {'src', 'tgt'} of shape [num_rows, length]."""
+  return {"src": pad_rows([pairs.source[i] for i in indices], length, num_rows),
+          "tgt": pad_rows([pairs.target[i] for i in indices], length, num_rows)}
 
-  `row_multiple` (the number of data-parallel devices) divides every batch's row count, so each
-  device gets an equal share; a bucket's last partial batch is filled with padding rows, which the
-  loss ignores, rather than dropped or given a new shape.
-  """
 
-  def __init__(self, pairs: EncodedPairs, tokens_per_batch: int, max_len: int, seed: int = 0,
-               shuffle: bool = True, row_multiple: int = 1):
-    self.pairs, self.seed, self.shuffle = pairs, seed, shuffle
-    lengths = np.array([max(len(s), len(t)) for s, t in zip(pairs.source, pairs.target)])
-    bounds = np.array(bucket_boundaries(max_len))
-    bucket_of = np.searchsorted(bounds, lengths)  # first boundary >= length
-    self.buckets = []  # (padded length, rows per batch, example indices)
-    for b, length in enumerate(bounds):
-      members = np.nonzero(bucket_of == b)[0]
-      if len(members):
-        rows = max(row_multiple, tokens_per_batch // int(length) // row_multiple * row_multiple)
-        self.buckets.append((int(length), rows, members))
-    self._epoch, self._epoch_batches = None, None
-
-  def epoch_batches(self, epoch: int) -> list[tuple[int, int, np.ndarray]]:
-    """(padded length, rows, example indices) of every batch of `epoch`, in the order they are used."""
-    rng = np.random.default_rng([self.seed, epoch])
-    batches = []
-    for length, rows, members in self.buckets:
-      order = rng.permutation(members) if self.shuffle else members
-      batches += [(length, rows, order[i:i + rows]) for i in range(0, len(order), rows)]
-    if self.shuffle:
-      batches = [batches[i] for i in rng.permutation(len(batches))]
-    return batches
-
-  @property
-  def batches_per_epoch(self) -> int:
-    return sum(-(-len(members) // rows) for _, rows, members in self.buckets)
-
-  def make_batch(self, length: int, rows: int, indices: np.ndarray) -> dict[str, np.ndarray]:
-    return {"src": pad_rows([self.pairs.source[i] for i in indices], length, rows),
-            "tgt": pad_rows([self.pairs.target[i] for i in indices], length, rows)}
-
-  def batch_at(self, step: int) -> dict[str, np.ndarray]:
-    """The training batch used at `step` (0-based), cycling through epochs."""
-    epoch, index = divmod(step, self.batches_per_epoch)
-    if epoch != self._epoch:
-      self._epoch, self._epoch_batches = epoch, self.epoch_batches(epoch)
-    return self.make_batch(*self._epoch_batches[index])
-
-  def iterate(self, start_step: int = 0) -> Iterator[dict[str, np.ndarray]]:
-    step = start_step
-    while True:
-      yield self.batch_at(step)
-      step += 1
-
-  def one_pass(self) -> Iterator[dict[str, np.ndarray]]:
-    """Every pair exactly once (epoch 0's order), for evaluation."""
-    for batch in self.epoch_batches(0):
-      yield self.make_batch(*batch)
+def packed_batch(pairs: EncodedPairs, rows: Sequence[Sequence[int]], length: int, num_rows: int
+                 ) -> dict[str, np.ndarray]:
+  """Several pairs per row: tokens, segment ids and per-pair positions for each side."""
+  batch = {k: np.zeros((num_rows, length), np.int32) for k in
+           ("src", "src_segments", "src_positions", "tgt", "tgt_segments", "tgt_positions")}
+  for r, members in enumerate(rows):
+    for side, seqs in (("src", pairs.source), ("tgt", pairs.target)):
+      offset = 0
+      for segment, i in enumerate(members, start=1):
+        n = len(seqs[i])
+        batch[side][r, offset:offset + n] = seqs[i]
+        batch[f"{side}_segments"][r, offset:offset + n] = segment
+        batch[f"{side}_positions"][r, offset:offset + n] = np.arange(n)
+        offset += n
+  return batch

@@ -1,7 +1,11 @@
 """Where sentence pairs come from: the bundled Multi30k, any parallel text files, or TFDS.
 
-Every source yields a `ParallelText` (aligned source and target sentences). Problems with the files
-(missing, unequal line counts, invalid UTF-8) raise `DataError` naming the file and line.
+`open_split` gives random access to a split's pairs (`len(source)`, `source.read(indices)`), which is
+all the training pipeline needs: a ParallelText held in memory for text files, or a `TfdsPairs` view
+of a TFDS dataset prepared in the array_record format and read through `tfds.data_source` (no
+TensorFlow, nothing loaded up front; WMT14 En-Fr has 40M pairs). `load_split` reads a whole split into
+memory, for evaluation. Problems with the data (missing files or dataset, unequal line counts, invalid
+UTF-8) raise `DataError` naming the file and line, or the command that prepares the dataset.
 """
 
 from __future__ import annotations
@@ -9,9 +13,11 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import ml_collections
+from etils import epath
 
 BUNDLED_DIR = Path(__file__).parent / "multi30k"
 MULTI30K_SPLITS = {"train": "train", "validation": "val", "val": "val"}
@@ -35,6 +41,68 @@ class ParallelText:
   def __len__(self) -> int:
     return len(self.source)
 
+  def read(self, indices: Sequence[int]) -> tuple[list[str], list[str]]:
+    return [self.source[i] for i in indices], [self.target[i] for i in indices]
+
+
+class TfdsPairs:
+  """Random access to one split of a prepared TFDS translation dataset, in a chosen direction.
+
+  TFDS translation datasets are dicts keyed by language code; their `supervised_keys` (e.g. de -> en
+  for wmt14_translate/de-en) are ignored: the direction is `src_lang` -> `tgt_lang`.
+  """
+
+  def __init__(self, name: str, split: str, data_dir: str | None, src_lang: str, tgt_lang: str):
+    builder = prepared_builder(name, data_dir)
+    languages = tuple(builder.info.features.keys())
+    for lang in (src_lang, tgt_lang):
+      if lang not in languages:
+        raise DataError(f"{name} has languages {', '.join(languages)}, not {lang!r}; check "
+                        "config.data.src_lang and config.data.tgt_lang")
+    if split not in builder.info.splits:
+      raise DataError(f"{name} has splits {', '.join(builder.info.splits)}, not {split!r}")
+    self._data = builder.as_data_source(split=split)
+    self.src_lang, self.tgt_lang = src_lang, tgt_lang
+    self.name = f"{name}[{split}] {src_lang}->{tgt_lang}"
+
+  def __len__(self) -> int:
+    return len(self._data)
+
+  def read(self, indices: Sequence[int]) -> tuple[list[str], list[str]]:
+    records = self._data.__getitems__([int(i) for i in indices])
+    text = lambda value: value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    return ([text(r[self.src_lang]) for r in records], [text(r[self.tgt_lang]) for r in records])
+
+
+def tfds_data_dir(data_dir: str) -> str:
+  """The TFDS data directory (local or gs://): the config's, else $TFDS_DATA_DIR, else
+  ~/tensorflow_datasets."""
+  return os.path.expanduser(data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets")
+
+
+def prepare_command(name: str, data_dir: str) -> str:
+  return f"python -m transformer.data.prepare {name} --data_dir={data_dir}"
+
+
+def prepared_builder(name: str, data_dir: str | os.PathLike | None):
+  """The TFDS builder of `name` if it is prepared in the array_record format; else a DataError that
+  says what to run. Checks files only, so it answers in well under a second without a network."""
+  import tensorflow_datasets as tfds  # imported here: text-file runs do not pay for it.
+  data_dir = tfds_data_dir(str(data_dir or ""))
+  try:
+    builder = tfds.builder(name, data_dir=str(data_dir))
+  except Exception as e:  # noqa: BLE001  unknown dataset or config name
+    raise DataError(f"unknown TFDS dataset {name!r} ({type(e).__name__}: {str(e).splitlines()[0]})"
+                    ) from None
+  info_file = epath.Path(builder.data_path) / "dataset_info.json"  # epath: gs:// works too
+  if not info_file.exists():
+    raise DataError(f"{name} is not prepared in {data_dir} (no {info_file}); prepare it once with "
+                    f"`{prepare_command(name, data_dir)}` on a machine with network access, or point "
+                    "config.data.tfds_data_dir (or $TFDS_DATA_DIR) at a directory that has it")
+  if builder.info.file_format.value != "array_record":
+    raise DataError(f"{name} in {data_dir} is prepared as {builder.info.file_format.value}, which has "
+                    f"no random access; prepare it again with `{prepare_command(name, data_dir)}`")
+  return builder
 
 def read_lines(path: str | os.PathLike) -> list[str]:
   """Lines of a UTF-8 text file (gzip if it ends in .gz), without line endings."""
@@ -66,8 +134,20 @@ def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> P
   return ParallelText(source, target, name=f"{src_path} -> {tgt_path}")
 
 
+def open_split(data: ml_collections.ConfigDict, split: str) -> ParallelText | TfdsPairs:
+  """Random access to the pairs of `split` for the config's source (TFDS: nothing read yet)."""
+  if data.source == "tfds":
+    name = data.tfds_name if split == data.train_split else (data.eval_tfds_name or data.tfds_name)
+    return TfdsPairs(name, split, data.tfds_data_dir, data.src_lang, data.tgt_lang)
+  return load_split(data, split)
+
+
 def load_split(data: ml_collections.ConfigDict, split: str) -> ParallelText:
-  """The sentence pairs of `split` ('train' or the config's eval split) for the config's source."""
+  """All sentence pairs of `split` ('train', the config's eval split, ...) in memory."""
+  if data.source == "tfds":
+    pairs = open_split(data, split)
+    source, target = pairs.read(range(len(pairs)))
+    return ParallelText(source, target, name=pairs.name)
   if data.source == "multi30k":
     if split not in MULTI30K_SPLITS:
       known = ", ".join(sorted(MULTI30K_SPLITS))
@@ -84,6 +164,4 @@ def load_split(data: ml_collections.ConfigDict, split: str) -> ParallelText:
     if split == "train":
       return read_parallel(data.train_src, data.train_tgt)
     return read_parallel(data.eval_src, data.eval_tgt)
-  raise DataError(f"data.source={data.source!r} ({data.tfds_name}) is not readable yet: TFDS WMT "
-                  "loading is not implemented in this version; use data.source='files' with "
-                  "data.train_src/train_tgt/eval_src/eval_tgt pointing at prepared text files")
+  raise DataError(f"unknown config.data.source {data.source!r}")

@@ -1,18 +1,27 @@
-"""The shared source/target SentencePiece vocabulary, trained once per run and kept in the workdir.
+"""The shared source/target SentencePiece vocabulary: trained once per dataset, cached, copied to runs.
 
 SentencePiece (not a hand-written BPE) because it is what t2t and the Flax example use, it trains in
 seconds on Multi30k, and it detokenizes losslessly, so BLEU is computed on real text.
 Special ids are fixed so the model can rely on them: 0 pad, 1 EOS, 2 BOS, 3 unknown.
+
+It is trained on a uniform random sample of `data.vocab_sample_sentences` training pairs (both sides),
+not the head of the corpus, and stored in a cache keyed by dataset, languages, size, model type, sample
+size and seed (`data.vocab_cache_dir`, default ~/.cache/transformer/vocab), so every run on a dataset
+reuses the same file; each run keeps a copy as WORKDIR/vocab.model, which evaluation reads.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
-import random
+import shutil
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
+import ml_collections
+import numpy as np
 import sentencepiece as spm
 
 from transformer.data.sources import DataError
@@ -24,29 +33,27 @@ VOCAB_FILE = "vocab.model"
 
 
 def train_vocab(sentences: Sequence[str], path: str | os.PathLike, vocab_size: int,
-                model_type: str = "bpe", max_sentences: int = 2_000_000, seed: int = 0
-                ) -> spm.SentencePieceProcessor:
-  """Trains a SentencePiece model on a uniform random sample of `sentences`, saves it at `path`."""
+                model_type: str = "bpe") -> spm.SentencePieceProcessor:
+  """Trains a SentencePiece model on `sentences` and saves it at `path` (atomically)."""
   path = Path(path)
-  sample = list(sentences)
-  if len(sample) > max_sentences:
-    sample = random.Random(seed).sample(sample, max_sentences)
-  sample = [s for s in sample if s.strip()]
+  sample = [s for s in sentences if s.strip()]
   if not sample:
     raise DataError("cannot train a vocabulary: the training data has no non-empty lines")
-  prefix = path.with_suffix("")
-  try:
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sample), model_prefix=str(prefix), vocab_size=vocab_size,
-        model_type=model_type, character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID,
-        bos_id=BOS_ID, unk_id=UNK_ID, num_threads=os.cpu_count() or 1, minloglevel=2,
-        hard_vocab_limit=True)
-  except RuntimeError as e:
-    raise DataError(f"SentencePiece could not build a vocabulary of {vocab_size} pieces "
-                    f"({str(e).strip()}); lower config.data.vocab_size") from None
-  prefix.with_suffix(".vocab").unlink(missing_ok=True)  # the human-readable copy; not needed.
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+    prefix = Path(tmp) / "spm"
+    try:
+      spm.SentencePieceTrainer.train(
+          sentence_iterator=iter(sample), model_prefix=str(prefix), vocab_size=vocab_size,
+          model_type=model_type, character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID,
+          bos_id=BOS_ID, unk_id=UNK_ID, num_threads=os.cpu_count() or 1, minloglevel=2,
+          hard_vocab_limit=True, input_sentence_size=len(sample))
+    except RuntimeError as e:
+      raise DataError(f"SentencePiece could not build a vocabulary of {vocab_size} pieces "
+                      f"({str(e).strip()}); lower config.data.vocab_size") from None
+    os.replace(prefix.with_suffix(".model"), path)  # concurrent runs never see a partial file
   log.info("Trained a %d-piece %s vocabulary on %d sentences: %s", vocab_size, model_type,
-               len(sample), path)
+           len(sample), path)
   return load_vocab(path)
 
 
@@ -56,14 +63,59 @@ def load_vocab(path: str | os.PathLike) -> spm.SentencePieceProcessor:
   return spm.SentencePieceProcessor(model_file=str(path))
 
 
-def vocab_for_run(workdir: str | os.PathLike, sentences: Sequence[str], vocab_size: int,
-                  model_type: str, max_sentences: int, seed: int) -> spm.SentencePieceProcessor:
-  """The run's vocabulary: reused from `workdir` if present (resume), else trained and saved there."""
+def sample_sentences(source, num_pairs: int, seed: int) -> list[str]:
+  """Both sides of `num_pairs` pairs drawn uniformly without replacement (all pairs if fewer)."""
+  n = len(source)
+  indices = (np.arange(n) if n <= num_pairs else
+             np.sort(np.random.default_rng(seed).choice(n, num_pairs, replace=False)))
+  src, tgt = source.read(indices)
+  return src + tgt
+
+
+def dataset_key(data: ml_collections.ConfigDict) -> str:
+  """Names the training data: TFDS name or 'multi30k', or a fingerprint of the text files."""
+  if data.source == "tfds":
+    name = data.tfds_name
+  elif data.source == "multi30k":
+    name = "multi30k"
+  else:
+    stats = [(str(Path(f).absolute()), Path(f).stat().st_size, Path(f).stat().st_mtime_ns)
+             for f in (data.train_src, data.train_tgt) if Path(f).is_file()]
+    name = "files-" + hashlib.sha256(repr(stats).encode()).hexdigest()[:12]
+  return f"{name}.{data.src_lang}-{data.tgt_lang}".replace("/", "_")
+
+
+def cache_dir(data: ml_collections.ConfigDict) -> Path:
+  default = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "transformer" / "vocab"
+  return Path(data.vocab_cache_dir or default).expanduser()
+
+
+def cached_vocab_path(data: ml_collections.ConfigDict, seed: int) -> Path:
+  return cache_dir(data) / (f"{dataset_key(data)}.{data.vocab_model_type}{data.vocab_size}"
+                            f".sample{data.vocab_sample_sentences}.seed{seed}.model")
+
+
+def vocab_for_run(workdir: str | os.PathLike, data: ml_collections.ConfigDict, source,
+                  seed: int) -> spm.SentencePieceProcessor:
+  """The run's vocabulary: WORKDIR/vocab.model if present (resume); else a copy of the cached one for
+  this dataset and setting, trained on a sample of `source` and cached first if there is none."""
   path = Path(workdir) / VOCAB_FILE
   if path.is_file():
     vocab = load_vocab(path)
-    if vocab.get_piece_size() != vocab_size:
+    if vocab.get_piece_size() != data.vocab_size:
       raise DataError(f"{path} has {vocab.get_piece_size()} pieces but config.data.vocab_size is "
-                      f"{vocab_size}; use a new workdir or the original vocabulary size")
+                      f"{data.vocab_size}; use a new workdir or the original vocabulary size")
     return vocab
-  return train_vocab(sentences, path, vocab_size, model_type, max_sentences, seed)
+  shutil.copyfile(cached_vocab(data, source, seed), path)
+  return load_vocab(path)
+
+
+def cached_vocab(data: ml_collections.ConfigDict, source, seed: int) -> Path:
+  """The cached vocabulary for this dataset and setting, trained on a sample of `source` if absent."""
+  cached = cached_vocab_path(data, seed)
+  if cached.is_file():
+    log.info("Reusing the cached vocabulary %s", cached)
+  else:
+    sentences = sample_sentences(source, data.vocab_sample_sentences, seed)
+    train_vocab(sentences, cached, data.vocab_size, data.vocab_model_type)
+  return cached
