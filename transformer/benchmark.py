@@ -14,6 +14,7 @@ step consumes. Timings live here, never in tests.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -81,12 +82,13 @@ def benchmark_input(cfg, batches: int) -> dict:
     real = {"src": 0, "tgt": 0}
     padded = 0
     t = time.perf_counter()
-    for i, (batch, _) in enumerate(pipeline.batches()):
-      for side in real:
-        real[side] += int((batch[side] != 0).sum())
-      padded += batch["tgt"].size
-      if i + 1 == batches:
-        break
+    with contextlib.closing(pipeline.batches()) as stream:
+      for i, (batch, _) in enumerate(stream):
+        for side in real:
+          real[side] += int((batch[side] != 0).sum())
+        padded += batch["tgt"].size
+        if i + 1 == batches:
+          break
     seconds = time.perf_counter() - t
   return {"mode": cfg.data.batching, "tokens_per_batch": cfg.data.tokens_per_batch,
           "batches": batches, "seconds": seconds, "cpu_count": os.cpu_count(),

@@ -11,6 +11,7 @@ asynchronously every `train.checkpoint_every` steps, and resumes from the latest
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -255,32 +256,32 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str
   t_start = time.time()
   interval_start, interval_sums = time.time(), []
   tokens_seen = 0.0
-  batches = train_pipeline.batches(data_state)
-  for step in range(start, total):
-    batch, data_state = next(batches)
-    state, sums = step_fn(state, partitioning.shard_batch(batch, mesh), dropout_rng)
-    interval_sums.append(sums)  # fetched only when logging, so the host never waits on the device
-    done = step + 1
-    if done % cfg.train.log_every == 0 or done == total:
-      step_sums = jax.device_get(interval_sums)  # waits for the device to finish the interval
-      now = time.time()
-      record = interval_record(step_sums, now - interval_start)
-      record.update(learning_rate=float(schedule(step)),
-                    epoch=train_pipeline.epoch_fraction(data_state), elapsed=now - t_start)
-      tokens_seen += record.pop("tokens")
-      writer.write("train", done, **record)
-      eta = record["elapsed"] / (done - start) * (total - done)
-      log.info("step %d/%d | loss %.3f | nll %.3f | lr %.2e | %.0f tok/s | elapsed %s | ETA %s",
-               done, total, record["loss"], record["nll"], record["learning_rate"],
-               record["tokens_per_sec"], format_duration(record["elapsed"]), format_duration(eta))
-      interval_start, interval_sums = time.time(), []
-    if done % cfg.train.eval_every == 0 or done == total:
-      metrics = evaluate_loss(eval_fn, state.params, eval_batches, mesh)
-      writer.write("eval", done, **metrics)
-      log.info("eval at step %d | nll %.3f | perplexity %.2f | accuracy %.3f", done,
-               metrics["nll"], metrics["perplexity"], metrics["accuracy"])
-    if done % cfg.train.checkpoint_every == 0 or done == total:
-      checkpoints.save(mngr, done, state, data_state.to_dict())
+  with contextlib.closing(train_pipeline.batches(data_state)) as batches:  # stops its thread
+    for step in range(start, total):
+      batch, data_state = next(batches)
+      state, sums = step_fn(state, partitioning.shard_batch(batch, mesh), dropout_rng)
+      interval_sums.append(sums)  # fetched only when logging, so the host never waits on the device
+      done = step + 1
+      if done % cfg.train.log_every == 0 or done == total:
+        step_sums = jax.device_get(interval_sums)  # waits for the device to finish the interval
+        now = time.time()
+        record = interval_record(step_sums, now - interval_start)
+        record.update(learning_rate=float(schedule(step)),
+                      epoch=train_pipeline.epoch_fraction(data_state), elapsed=now - t_start)
+        tokens_seen += record.pop("tokens")
+        writer.write("train", done, **record)
+        eta = record["elapsed"] / (done - start) * (total - done)
+        log.info("step %d/%d | loss %.3f | nll %.3f | lr %.2e | %.0f tok/s | elapsed %s | ETA %s",
+                 done, total, record["loss"], record["nll"], record["learning_rate"],
+                 record["tokens_per_sec"], format_duration(record["elapsed"]), format_duration(eta))
+        interval_start, interval_sums = time.time(), []
+      if done % cfg.train.eval_every == 0 or done == total:
+        metrics = evaluate_loss(eval_fn, state.params, eval_batches, mesh)
+        writer.write("eval", done, **metrics)
+        log.info("eval at step %d | nll %.3f | perplexity %.2f | accuracy %.3f", done,
+                 metrics["nll"], metrics["perplexity"], metrics["accuracy"])
+      if done % cfg.train.checkpoint_every == 0 or done == total:
+        checkpoints.save(mngr, done, state, data_state.to_dict())
   mngr.wait_until_finished()
   train_time = time.time() - t_start
   summary = {"steps": total, "resumed_from": start, "train_time_sec": train_time,

@@ -34,6 +34,8 @@ from transformer.data.sources import DataError
 
 log = logging.getLogger("transformer")
 
+ENCODE_CHUNK = 8192  # sentences per SentencePiece call; the tokenizing thread checks for stop between
+
 
 class PairSource(Protocol):
   name: str
@@ -130,8 +132,10 @@ class InputPipeline:
       self._order_cache = (epoch, order)
     return self._order_cache[1]
 
-  def local_window(self, epoch: int, window: int) -> LocalWindow:
-    """Reads, tokenizes, filters and groups this process's share of a window."""
+  def local_window(self, epoch: int, window: int,
+                   stop: threading.Event | None = None) -> LocalWindow | None:
+    """Reads, tokenizes, filters and groups this process's share of a window (None if `stop` is set
+    meanwhile: tokenizing goes in chunks, so a finished run does not wait for a whole window)."""
     start = window * self.window_size
     order = self._epoch_order(epoch)[start:start + self.window_size]
     indices = np.sort(order[self.process_index::self.process_count])  # sorted: sequential reads
@@ -139,10 +143,13 @@ class InputPipeline:
     if self.shuffle:  # undo the sort, so that batches mix the corpus's subsets
       mix = np.random.default_rng([self.seed, epoch, window, 1]).permutation(len(indices))
       src_text, tgt_text = [src_text[i] for i in mix], [tgt_text[i] for i in mix]
-    threads = os.cpu_count() or 1
-    pairs = batching.filter_pairs(self.vocab.encode(src_text, num_threads=threads),
-                                  self.vocab.encode(tgt_text, num_threads=threads),
-                                  self.spec.max_len, self.spec.max_ratio)
+    src_ids, tgt_ids = [], []
+    for i in range(0, len(src_text), ENCODE_CHUNK):
+      if stop is not None and stop.is_set():
+        return None
+      src_ids += self.vocab.encode(src_text[i:i + ENCODE_CHUNK], num_threads=os.cpu_count() or 1)
+      tgt_ids += self.vocab.encode(tgt_text[i:i + ENCODE_CHUNK], num_threads=os.cpu_count() or 1)
+    pairs = batching.filter_pairs(src_ids, tgt_ids, self.spec.max_len, self.spec.max_ratio)
     local_rows = lambda length: self.spec.global_rows(length) // self.process_count
     if self.spec.mode == "pack":
       length = self.spec.pack_length
@@ -189,7 +196,10 @@ class InputPipeline:
   def _produce(self, start: PipelineState, out: queue.Queue, stop: threading.Event) -> None:
     try:
       for epoch, window in self._windows(start):
-        item = (epoch, window, self.local_window(epoch, window))
+        local = self.local_window(epoch, window, stop)
+        if local is None:
+          return
+        item = (epoch, window, local)
         while not stop.is_set():
           try:
             out.put(item, timeout=0.1)
@@ -204,7 +214,11 @@ class InputPipeline:
 
   def batches(self, start: PipelineState = PipelineState()
               ) -> Iterator[tuple[dict[str, np.ndarray], PipelineState]]:
-    """Yields (batch, state after it) from `start` on; endless if `repeat`, else to the epoch's end."""
+    """Yields (batch, state after it) from `start` on; endless if `repeat`, else to the epoch's end.
+
+    Close the generator when done (`contextlib.closing`): that stops the tokenizing thread, which
+    must not be left inside SentencePiece when the interpreter exits.
+    """
     windows: queue.Queue = queue.Queue(maxsize=self.prefetch_windows)
     stop = threading.Event()
     producer = threading.Thread(target=self._produce, args=(start, windows, stop), daemon=True,
@@ -243,6 +257,7 @@ class InputPipeline:
           epoch_drops = dict.fromkeys(batching.DROP_REASONS, 0)
     finally:
       stop.set()
+      producer.join()
 
   def _log_drops_once(self, local: LocalWindow, window: int) -> None:
     if self._logged_drops or not any(local.pairs.dropped.values()):
