@@ -20,6 +20,7 @@ setup(
         "array_record>=0.5.1",
         "importlib_resources",  # needed by tensorflow-datasets' WMT builders without TensorFlow
         "h5py",                 # likewise
+        "etils[epath]",         # paths that may be gs:// (TFDS's own path library)
         "ml-collections>=0.1.1",
         "absl-py>=2.0",
         "sentencepiece>=0.2.0",
