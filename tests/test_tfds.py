@@ -12,6 +12,7 @@ from conftest import tiny_run_config
 from tensorflow_datasets.core.download import downloader
 
 from transformer.data import prepare, sources
+from transformer.data import vocab as vocab_lib
 from transformer.train import train_and_evaluate
 
 # Relative paths inside the WMT archives (tensorflow_datasets/translate/wmt.py), {x} = de or fr.
@@ -108,6 +109,17 @@ def test_wmt14_ende_trains_from_tfds(offline_downloads, tmp_path):
   records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records if r["event"] == "eval"] == [2]
   assert all(r["loss"] > 0 for r in records if r["event"] == "train")
+  # The command line with --config: data already prepared (no network), vocabulary from the cache.
+  out = subprocess.run([sys.executable, "-m", "transformer.data.prepare",
+                        "--config=configs/wmt14_ende.py", f"--data_dir={data_dir}",
+                        "--config.data.vocab_size=300",
+                        f"--config.data.vocab_cache_dir={cfg.data.vocab_cache_dir}"],
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.splitlines() == [
+      f"wmt14_translate/de-en: {data_dir}/wmt14_translate/de-en/1.0.0",
+      f"vocabulary: {vocab_lib.cached_vocab_path(cfg.data, cfg.seed)}"]
+  assert "Reusing the cached vocabulary" in out.stderr
 
 
 def test_missing_dataset_says_what_to_run_without_touching_the_network(offline_downloads, tmp_path):
