@@ -91,21 +91,20 @@ def pack_pairs(pairs: EncodedPairs, length: int, max_open_rows: int = 32) -> lis
   both sides; bounding the open rows keeps packing linear in the number of pairs.
   """
   rows: list[list[int]] = []
-  src_room = np.zeros(0, np.int64)
-  tgt_room = np.zeros(0, np.int64)
+  src_room = np.zeros(len(pairs), np.int64)  # room left in each row (at most one row per pair)
+  tgt_room = np.zeros(len(pairs), np.int64)
   first_open = 0
   for i, (s, t) in enumerate(zip(pairs.source, pairs.target)):
-    fits = np.nonzero((src_room[first_open:] >= len(s)) & (tgt_room[first_open:] >= len(t)))[0]
-    if len(fits):
-      row = first_open + int(fits[0])
-      rows[row].append(i)
-      src_room[row] -= len(s)
-      tgt_room[row] -= len(t)
-      continue
-    rows.append([i])
-    src_room = np.append(src_room, length - len(s))
-    tgt_room = np.append(tgt_room, length - len(t))
-    first_open = max(first_open, len(rows) - max_open_rows)
+    open_src, open_tgt = src_room[first_open:len(rows)], tgt_room[first_open:len(rows)]
+    fits = np.nonzero((open_src >= len(s)) & (open_tgt >= len(t)))[0]
+    row = first_open + int(fits[0]) if len(fits) else len(rows)
+    if row == len(rows):
+      rows.append([])
+      src_room[row], tgt_room[row] = length, length
+      first_open = max(first_open, len(rows) - max_open_rows)
+    rows[row].append(i)
+    src_room[row] -= len(s)
+    tgt_room[row] -= len(t)
   return rows
 
 
