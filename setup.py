@@ -25,6 +25,7 @@ setup(
         "absl-py>=2.0",
         "sentencepiece>=0.2.0",
         "sacrebleu>=2.4.0",
+        "sacremoses>=0.1.1",    # Moses tokenizer for the paper's tokenized BLEU
         "numpy>=1.26",
     ],
     extras_require={"test": ["pytest>=7.0"]},

@@ -5,7 +5,9 @@ import math
 
 import pytest
 
-from transformer.bleu import sacrebleu_score
+from sacrebleu.metrics import BLEU
+
+from transformer.bleu import compound_split, paper_tokenize, sacrebleu_score, tokenized_bleu
 
 
 def reference_bleu(hypotheses, references):
@@ -20,6 +22,8 @@ def reference_bleu(hypotheses, references):
       r_grams = collections.Counter(tuple(r[i:i + n]) for i in range(len(r) - n + 1))
       matches[n - 1] += sum(min(c, r_grams[g]) for g, c in h_grams.items())
       totals[n - 1] += max(len(h) - n + 1, 0)
+  if not all(matches):
+    return 0.0  # multi-bleu.perl: a zero n-gram precision makes BLEU 0
   log_precision = sum(math.log(m / t) for m, t in zip(matches, totals)) / 4
   brevity = min(1.0, math.exp(1 - ref_len / hyp_len))
   return 100 * brevity * math.exp(log_precision)
@@ -44,3 +48,39 @@ def test_short_hypotheses_pay_the_brevity_penalty_and_case_counts():
   assert short["brevity_penalty"] == pytest.approx(math.exp(1 - 9 / 6))
   with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
     sacrebleu_score(["a", "b"], refs)
+
+
+def test_compound_splitting():
+  assert compound_split("eine Sieben-Tage-Woche") == "eine Sieben ##AT##-##AT## Tage ##AT##-##AT## Woche"
+  assert compound_split("a-b-c") == "a ##AT##-##AT## b ##AT##-##AT## c"
+  assert compound_split("3 - 4 , - x") == "3 - 4 , - x"  # free-standing hyphens stay
+  assert paper_tokenize('Ein "Sieben-Tage"-Test, oder?', "de") == (
+      "Ein &quot; Sieben ##AT##-##AT## Tage &quot; -Test , oder ?")
+
+
+def test_tokenized_bleu_on_a_hand_counted_corpus():
+  # die Sieben ##AT##-##AT## Tage ##AT##-##AT## Woche vs ... Frist: 6 tokens each; matching n-grams
+  # 5/6, 4/5, 3/4, 2/3 -> BLEU = (5*4*3*2 / (6*5*4*3)) ** (1/4) = (1/3) ** (1/4).
+  result = tokenized_bleu(["die Sieben-Tage-Woche"], ["die Sieben-Tage-Frist"], "de")
+  assert result["bleu"] == pytest.approx(100 * (1 / 3) ** 0.25)
+  assert result["hyp_len"] == result["ref_len"] == 6
+  # Unsplit, the compound is one wrong token: no bigram matches, and without smoothing BLEU is 0.
+  assert reference_bleu(["die Sieben-Tage-Woche"], ["die Sieben-Tage-Frist"]) == 0.0
+
+
+def test_tokenized_bleu_equals_multi_bleu_on_pre_tokenized_text():
+  hypotheses = ["Zwei Männer spielen Fußball.", "Ein Hund läuft im Park, oder?",
+                "Die Sieben-Tage-Woche ist lang."]
+  references = ["Zwei junge Männer spielen Fußball.", "Ein Hund rennt im Park, oder?",
+                "Die Sieben-Tage-Woche ist sehr lang."]
+  tokenized_refs = ["Zwei junge Männer spielen Fußball .", "Ein Hund rennt im Park , oder ?",
+                    "Die Sieben ##AT##-##AT## Tage ##AT##-##AT## Woche ist sehr lang ."]
+  tokenized_hyps = ["Zwei Männer spielen Fußball .", "Ein Hund läuft im Park , oder ?",
+                    "Die Sieben ##AT##-##AT## Tage ##AT##-##AT## Woche ist lang ."]
+  assert [paper_tokenize(r, "de") for r in references] == tokenized_refs
+  result = tokenized_bleu(hypotheses, references, "de")
+  assert result["bleu"] == pytest.approx(reference_bleu(tokenized_hyps, tokenized_refs), abs=1e-9)
+  none = BLEU(tokenize="none", smooth_method="none").corpus_score(tokenized_hyps, [tokenized_refs])
+  assert result["bleu"] == pytest.approx(none.score)
+  assert result["lines"] == 3 and result["case"] == "cased" and "moses(de)" in result["tokenizer"]
+  assert result["bleu"] > sacrebleu_score(hypotheses, references)["bleu"]  # compounds count thrice

@@ -62,6 +62,9 @@ def test_train_resume_and_evaluate(tmp_path):
   assert 0.0 <= report["sacrebleu"]["bleu"] <= 100.0
   assert report["sacrebleu"]["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
   assert report["decode"] == {"beam_size": 2, "alpha": 0.6, "max_extra_len": 5}
+  paper = report["tokenized_bleu"]
+  assert 0.0 <= paper["bleu"] <= 100.0 and paper["lines"] == 40 and paper["case"] == "cased"
+  assert paper["tokenizer"].startswith("moses(de) + compound splitting")
   hypotheses = (workdir / "eval" / "validation_step8.hyp.txt").read_text().splitlines()
   assert len(hypotheses) == 40
   assert read_metrics(workdir, "bleu")[-1]["bleu"] == report["sacrebleu"]["bleu"]

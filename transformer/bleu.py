@@ -1,15 +1,26 @@
-"""BLEU as the field should report it: sacreBLEU, cased, 13a tokenization, with its signature.
+"""BLEU two ways: sacreBLEU (the primary number) and the paper's tokenized, compound-split BLEU.
 
-sacreBLEU computes the score on detokenized text with a fixed, versioned tokenizer, so numbers are
-comparable across papers and toolkits; the signature records exactly how. Never report BLEU on
-subword ids or on the model's own tokenization.
+1. sacreBLEU, cased, 13a, with its signature: computed on detokenized text with a fixed, versioned
+   tokenizer, so numbers compare across papers and toolkits.
+2. The paper's (tensor2tensor's get_ende_bleu.sh): hypotheses and references tokenized with the Moses
+   tokenizer (sacremoses, the Python port of tokenizer.perl, escaping as tokenizer.perl does), every
+   hyphen between word characters split off as ` ##AT##-##AT## `, then cased corpus BLEU on those tokens
+   with no smoothing, as multi-bleu.perl computes it. Compound splitting turns one token into three, so
+   this number reads higher than sacreBLEU on German; report which one you quote.
+
+Never report BLEU on subword ids or on the model's own tokenization.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Sequence
 
 from sacrebleu.metrics import BLEU
+from sacremoses import MosesTokenizer
+
+COMPOUND_HYPHEN = re.compile(r"(?<=\w)-(?=\w)")
 
 
 def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
@@ -22,3 +33,32 @@ def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str]) -> dic
           "precisions": result.precisions, "brevity_penalty": result.bp,
           "hyp_len": result.sys_len, "ref_len": result.ref_len, "lines": len(references),
           "case": "cased", "tokenizer": "13a"}
+
+
+def compound_split(tokenized: str) -> str:
+  """'Sieben-Tage-Woche' -> 'Sieben ##AT##-##AT## Tage ##AT##-##AT## Woche' (t2t's get_ende_bleu.sh)."""
+  return COMPOUND_HYPHEN.sub(" ##AT##-##AT## ", tokenized)
+
+
+@functools.lru_cache(maxsize=8)
+def _moses(lang: str) -> MosesTokenizer:
+  return MosesTokenizer(lang=lang)
+
+
+def paper_tokenize(sentence: str, lang: str) -> str:
+  """Moses-tokenized (tokenizer.perl's rules and escaping for `lang`), compounds split."""
+  return compound_split(_moses(lang).tokenize(sentence, return_str=True, escape=True))
+
+
+def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> dict:
+  """The paper's BLEU: cased corpus BLEU (multi-bleu.perl) on Moses-tokenized, compound-split text."""
+  if len(hypotheses) != len(references):
+    raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+  hyp = [paper_tokenize(h, lang) for h in hypotheses]
+  ref = [paper_tokenize(r, lang) for r in references]
+  result = BLEU(tokenize="none", lowercase=False, smooth_method="none",
+                force=True).corpus_score(hyp, [ref])
+  return {"bleu": result.score, "precisions": result.precisions, "brevity_penalty": result.bp,
+          "hyp_len": result.sys_len, "ref_len": result.ref_len, "lines": len(references),
+          "case": "cased", "tokenizer": f"moses({lang}) + compound splitting (##AT##-##AT##)",
+          "smoothing": "none (multi-bleu.perl)"}

@@ -149,16 +149,19 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
     log.warning("%d source sentences were longer than %d tokens and were truncated",
                 stats["truncated_sources"], cfg.data.max_len)
   score = bleu.sacrebleu_score(hypotheses, text.target)
+  paper_score = bleu.tokenized_bleu(hypotheses, text.target, cfg.data.tgt_lang)
   report = {"workdir": str(workdir), "checkpoint_step": step, "test_set": name,
             "source": text.name, "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}",
-            "sacrebleu": score, "decode": settings, **stats, "total_sec": time.time() - t}
+            "sacrebleu": score, "tokenized_bleu": paper_score, "decode": settings, **stats,
+            "total_sec": time.time() - t}
   out_dir = Path(workdir) / "eval"
   out_dir.mkdir(exist_ok=True)
   stem = f"{name}_step{step}"
   (out_dir / f"{stem}.hyp.txt").write_text("".join(h + "\n" for h in hypotheses))
   (out_dir / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
   MetricWriter(workdir).write("bleu", step, test_set=name, bleu=score["bleu"],
-                              signature=score["signature"], **settings)
+                              tokenized_bleu=paper_score["bleu"], signature=score["signature"],
+                              **settings)
   report["files"] = [str(out_dir / f"{stem}.hyp.txt"), str(out_dir / f"{stem}.json")]
   return report
 
@@ -176,6 +179,9 @@ def main(argv: list[str]) -> None:
   score = report["sacrebleu"]
   print(f"{report['test_set']} ({report['direction']}, {score['lines']} lines), step "
         f"{report['checkpoint_step']}: sacreBLEU {score['bleu']:.2f}  {score['signature']}")
+  paper = report["tokenized_bleu"]
+  print(f"  tokenized BLEU (the paper's: {paper['tokenizer']}, cased, multi-bleu) "
+        f"{paper['bleu']:.2f}")
   print(f"decoded {report['sentences']} sentences in {format_duration(report['decode_sec'])} "
         f"({report['sentences_per_sec']:.1f} sentences/s, +{report['compile_sec']:.1f}s compile); "
         f"report: {report['files'][1]}")
