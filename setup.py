@@ -34,5 +34,6 @@ setup(
         "transformer-eval=transformer.evaluate:run",
         "transformer-info=transformer.info:run",
         "transformer-benchmark=transformer.benchmark:run",
+        "transformer-average=transformer.average:run",
     ]},
 )

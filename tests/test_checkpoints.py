@@ -75,3 +75,25 @@ def test_run_config_record(tmp_path):
   assert checkpoints.load_run_config(tmp_path).model.d_model == 512  # nothing overwritten
   with pytest.raises(checkpoints.CheckpointError, match="not a training workdir"):
     checkpoints.load_run_config(tmp_path / "elsewhere")
+
+
+def test_average_of_checkpoints_is_the_arithmetic_mean(tmp_path):
+  cfg, model, state = make_state()
+  mngr = checkpoints.manager(tmp_path, keep=5)
+  saved = {}
+  for step, seed in ((1, 0), (2, 1), (3, 2), (4, 3)):
+    s = state.replace(params=init_params(model, seed), step=step)
+    saved[step] = s.params
+    checkpoints.save(mngr, step, s, {})
+  mngr.wait_until_finished()
+  abstract = abstract_train_state(cfg, model, partitioning.replicated(partitioning.data_mesh()))
+  steps = checkpoints.last_steps(mngr, 3)
+  assert steps == [2, 3, 4]
+  mean = checkpoints.average_params(mngr, abstract, steps)
+  for got, *parts in zip(jax.tree.leaves(mean), *(jax.tree.leaves(saved[s]) for s in steps)):
+    np.testing.assert_allclose(got, np.mean(np.stack(parts), axis=0), rtol=1e-6, atol=1e-7)
+  assert checkpoints.last_steps(mngr, 2, up_to=3) == [2, 3]
+  with pytest.raises(checkpoints.CheckpointError, match=r"cannot average the last 5 checkpoints: .* has 4 \(steps 1, 2, 3, 4\)"):
+    checkpoints.last_steps(mngr, 5)
+  with pytest.raises(checkpoints.CheckpointError, match="has 2 up to step 2"):
+    checkpoints.last_steps(mngr, 3, up_to=2)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_run_config
 
+from transformer.evaluate import evaluate
 from transformer.metrics import read_metrics
 from transformer.train import train_and_evaluate
 
@@ -69,6 +70,24 @@ def test_train_resume_and_evaluate(tmp_path):
   assert len(hypotheses) == 40
   assert read_metrics(workdir, "bleu")[-1]["bleu"] == report["sacrebleu"]["bleu"]
 
+  # Checkpoint averaging: more than exist is a one-line error that writes nothing; the last 2 make a
+  # new workdir that the evaluation program reads like a training one.
+  averaged = tmp_path / "averaged"
+  out = run_cli("transformer.average", f"--workdir={workdir}", "--last=3", f"--output={averaged}")
+  assert out.returncode == 1 and not averaged.exists()
+  assert out.stderr.strip().splitlines()[-1].startswith(
+      "transformer-average: error: cannot average the last 3 checkpoints")
+  out = run_cli("transformer.average", f"--workdir={workdir}", "--last=2", f"--output={averaged}")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert json.loads((averaged / "average.json").read_text())["averaged_steps"] == [6, 8]
+  out = run_cli("transformer.evaluate", f"--workdir={averaged}", "--beam_size=2")
+  assert out.returncode == 0, out.stderr[-3000:]
+  from_file = json.loads((averaged / "eval" / "validation_step8.json").read_text())
+  on_the_fly = evaluate(str(workdir), beam_size=2, average_last=2)  # --average_last=2
+  assert on_the_fly["averaged_steps"] == [6, 8]
+  assert on_the_fly["files"][1].endswith("validation_step8_avg2.json")
+  assert on_the_fly["sacrebleu"]["bleu"] == pytest.approx(from_file["sacrebleu"]["bleu"])
+
   # Errors are one clear line: a step that does not exist, a directory that is not a run.
   out = run_cli("transformer.evaluate", f"--workdir={workdir}", "--step=5")
   assert out.returncode != 0 and "no checkpoint for step 5" in out.stderr
@@ -124,7 +143,6 @@ def test_a_small_model_learns_to_translate_its_training_sentences(tmp_path):
   workdir = tmp_path / "run"
   train_and_evaluate(cfg, str(workdir))
   assert read_metrics(workdir, "eval")[-1]["accuracy"] > 0.95
-  from transformer.evaluate import evaluate
   report = evaluate(str(workdir), beam_size=4)
   assert report["sacrebleu"]["bleu"] > 80.0
 

@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
 
@@ -107,3 +109,32 @@ def restore_data_state(mngr: ocp.CheckpointManager, step: int) -> dict[str, int]
     raise CheckpointError(f"checkpoint {step} in {mngr.directory} has no input-pipeline position "
                           f"({type(e).__name__}); it was written by an older version: start a new "
                           "--workdir") from None
+
+
+def last_steps(mngr: ocp.CheckpointManager, count: int, up_to: int | None = None) -> list[int]:
+  """The `count` most recent checkpoint steps (those <= `up_to` if given), oldest first."""
+  steps = sorted(mngr.all_steps())
+  if up_to is not None:
+    _checked_step(mngr, up_to)
+    steps = [s for s in steps if s <= up_to]
+  if count < 1 or count > len(steps):
+    raise CheckpointError(f"cannot average the last {count} checkpoints: {mngr.directory} has "
+                          f"{len(steps)}{f' up to step {up_to}' if up_to is not None else ''} "
+                          f"(steps {', '.join(map(str, steps)) or 'none'}); keep more with "
+                          "train.keep_checkpoints, or average fewer")
+  return steps[-count:]
+
+
+def average_params(mngr: ocp.CheckpointManager, abstract_state: Any, steps: list[int]) -> Any:
+  """The arithmetic mean (float32) of the parameters of checkpoints `steps`.
+
+  Restores one checkpoint at a time into a running sum, so memory holds the sum and one train
+  state, never N of them.
+  """
+  total = None
+  for step in steps:
+    params = restore(mngr, abstract_state, step).params
+    params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
+    total = params if total is None else jax.tree.map(jnp.add, total, params)
+    del params
+  return jax.tree.map(lambda x: x / len(steps), total)

@@ -42,17 +42,23 @@ FLAGS = flags.FLAGS
 DECODE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)  # coarse: decoding time barely depends on padding
 
 
-def load_model(workdir: str | Path, step: int | None = None
-               ) -> tuple[ml_collections.ConfigDict, spm.SentencePieceProcessor, Transformer, Any, int]:
-  """(config, vocabulary, model, parameters, step) of a training workdir's checkpoint."""
+def load_model(workdir: str | Path, step: int | None = None, average_last: int = 1
+               ) -> tuple[ml_collections.ConfigDict, spm.SentencePieceProcessor, Transformer, Any,
+                          list[int]]:
+  """(config, vocabulary, model, parameters, steps) of a training workdir's checkpoint, or the mean
+  parameters of its last `average_last` checkpoints (up to `step` if given)."""
   cfg = checkpoints.load_run_config(workdir)
   vocab = vocab_lib.load_vocab(Path(workdir) / vocab_lib.VOCAB_FILE)
   model = Transformer(ModelConfig.from_config(cfg.model, vocab.get_piece_size()))
   mesh = partitioning.data_mesh()
   mngr = checkpoints.manager(workdir, read_only=True)
-  state = checkpoints.restore(mngr, abstract_train_state(cfg, model, partitioning.replicated(mesh)),
-                              step)
-  return cfg, vocab, model, state.params, int(state.step)
+  abstract = abstract_train_state(cfg, model, partitioning.replicated(mesh))
+  if average_last == 1:
+    state = checkpoints.restore(mngr, abstract, step)
+    return cfg, vocab, model, state.params, [int(state.step)]
+  steps = checkpoints.last_steps(mngr, average_last, up_to=step)
+  log.info("Averaging the parameters of the checkpoints at steps %s", ", ".join(map(str, steps)))
+  return cfg, vocab, model, checkpoints.average_params(mngr, abstract, steps), steps
 
 
 def translate(model: Transformer, params: Any, vocab: spm.SentencePieceProcessor,
@@ -120,7 +126,7 @@ def translate(model: Transformer, params: Any, vocab: spm.SentencePieceProcessor
 def evaluate(workdir: str, step: int | None = None, split: str | None = None,
              source_file: str | None = None, reference_file: str | None = None,
              beam_size: int | None = None, alpha: float | None = None,
-             max_extra_len: int | None = None) -> dict[str, Any]:
+             max_extra_len: int | None = None, average_last: int = 1) -> dict[str, Any]:
   """Translates an evaluation set with a checkpoint of `workdir`, scores it, writes the report."""
   cfg = checkpoints.load_run_config(workdir)
   if (source_file is None) != (reference_file is None):
@@ -138,9 +144,12 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
     split = split or cfg.data.eval_split
     text = sources.load_split(cfg.data, split)
     name = split
-  cfg, vocab, model, params, step = load_model(workdir, step)
-  log.info("Translating %d sentences of %s with the checkpoint at step %d (beam %d, alpha %.2f)",
-           len(text), text.name, step, settings["beam_size"], settings["alpha"])
+  cfg, vocab, model, params, steps = load_model(workdir, step, average_last)
+  step = steps[-1]
+  log.info("Translating %d sentences of %s with %s (beam %d, alpha %.2f)", len(text), text.name,
+           f"the checkpoint at step {step}" if len(steps) == 1 else
+           f"the average of the checkpoints at steps {', '.join(map(str, steps))}",
+           settings["beam_size"], settings["alpha"])
   t = time.time()
   hypotheses, stats = translate(model, params, vocab, text.source,
                                 tokens_per_batch=cfg.decode.tokens_per_batch,
@@ -150,16 +159,17 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
                 stats["truncated_sources"], cfg.data.max_len)
   score = bleu.sacrebleu_score(hypotheses, text.target)
   paper_score = bleu.tokenized_bleu(hypotheses, text.target, cfg.data.tgt_lang)
-  report = {"workdir": str(workdir), "checkpoint_step": step, "test_set": name,
+  report = {"workdir": str(workdir), "checkpoint_step": step, "averaged_steps": steps,
+            "test_set": name,
             "source": text.name, "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}",
             "sacrebleu": score, "tokenized_bleu": paper_score, "decode": settings, **stats,
             "total_sec": time.time() - t}
   out_dir = Path(workdir) / "eval"
   out_dir.mkdir(exist_ok=True)
-  stem = f"{name}_step{step}"
+  stem = f"{name}_step{step}" + (f"_avg{len(steps)}" if len(steps) > 1 else "")
   (out_dir / f"{stem}.hyp.txt").write_text("".join(h + "\n" for h in hypotheses))
   (out_dir / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-  MetricWriter(workdir).write("bleu", step, test_set=name, bleu=score["bleu"],
+  MetricWriter(workdir).write("bleu", step, test_set=name, averaged=len(steps), bleu=score["bleu"],
                               tokenized_bleu=paper_score["bleu"], signature=score["signature"],
                               **settings)
   report["files"] = [str(out_dir / f"{stem}.hyp.txt"), str(out_dir / f"{stem}.json")]
@@ -173,12 +183,15 @@ def main(argv: list[str]) -> None:
     raise app.UsageError("pass --workdir=DIR, the directory transformer-train wrote")
   try:
     report = evaluate(FLAGS.workdir, FLAGS.step, FLAGS.split, FLAGS.source_file,
-                      FLAGS.reference_file, FLAGS.beam_size, FLAGS.alpha, FLAGS.max_extra_len)
+                      FLAGS.reference_file, FLAGS.beam_size, FLAGS.alpha, FLAGS.max_extra_len,
+                      FLAGS.average_last)
   except (ConfigError, sources.DataError, checkpoints.CheckpointError) as e:
     sys.exit(f"transformer-eval: error: {e}")
   score = report["sacrebleu"]
+  averaged = len(report["averaged_steps"])
   print(f"{report['test_set']} ({report['direction']}, {score['lines']} lines), step "
-        f"{report['checkpoint_step']}: sacreBLEU {score['bleu']:.2f}  {score['signature']}")
+        f"{report['checkpoint_step']}{f' (average of {averaged})' if averaged > 1 else ''}: "
+        f"sacreBLEU {score['bleu']:.2f}  {score['signature']}")
   paper = report["tokenized_bleu"]
   print(f"  tokenized BLEU (the paper's: {paper['tokenizer']}, cased, multi-bleu) "
         f"{paper['bleu']:.2f}")
@@ -197,6 +210,8 @@ def run() -> None:
   flags.DEFINE_integer("beam_size", None, "Beam size (default: config.decode.beam_size; 1 = greedy).")
   flags.DEFINE_float("alpha", None, "Length-penalty alpha (default: config.decode.alpha).")
   flags.DEFINE_integer("max_extra_len", None, "Output length limit = input length + this.")
+  flags.DEFINE_integer("average_last", 1, "Average the parameters of the last N checkpoints (up to "
+                       "--step if given), as the paper did: 5 for base, 20 for big.")
   run_program("transformer-eval", main)
 
 
