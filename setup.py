@@ -35,5 +35,6 @@ setup(
         "transformer-info=transformer.info:run",
         "transformer-benchmark=transformer.benchmark:run",
         "transformer-average=transformer.average:run",
+        "transformer-translate=transformer.translate:run",
     ]},
 )

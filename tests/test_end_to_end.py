@@ -16,10 +16,10 @@ from transformer.train import train_and_evaluate
 REPO = Path(__file__).parent.parent
 
 
-def run_cli(module, *args, devices=1):
+def run_cli(module, *args, devices=1, input_text=None):
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-  return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
+  return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, input=input_text,
                         capture_output=True, text=True, timeout=600)
 
 
@@ -83,6 +83,20 @@ def test_train_resume_and_evaluate(tmp_path):
   out = run_cli("transformer.evaluate", f"--workdir={averaged}", "--beam_size=2")
   assert out.returncode == 0, out.stderr[-3000:]
   from_file = json.loads((averaged / "eval" / "validation_step8.json").read_text())
+  # transformer-translate: stdin to stdout in order, an empty line stays empty, a long line is
+  # truncated with a warning; empty input is an error.
+  long_line = " ".join(["a man rides a horse"] * 20)
+  lines = ["A dog runs.", "", long_line, "Two men play football."]
+  out = run_cli("transformer.translate", f"--workdir={workdir}", "--beam_size=1",
+                input_text="\n".join(lines) + "\n")
+  assert out.returncode == 0, out.stderr[-3000:]
+  translations = out.stdout.split("\n")
+  assert len(translations) == 5 and translations[4] == "" and translations[1] == ""
+  assert "1 input lines were longer than 40 tokens and were truncated" in out.stderr
+  out = run_cli("transformer.translate", f"--workdir={workdir}", input_text="")
+  assert out.returncode == 1 and out.stderr.strip().splitlines()[-1] == (
+      "transformer-translate: error: no input sentences in standard input; give one sentence per line")
+
   on_the_fly = evaluate(str(workdir), beam_size=2, average_last=2)  # --average_last=2
   assert on_the_fly["averaged_steps"] == [6, 8]
   assert on_the_fly["files"][1].endswith("validation_step8_avg2.json")

@@ -123,6 +123,18 @@ def translate(model: Transformer, params: Any, vocab: spm.SentencePieceProcessor
   return hypotheses, stats
 
 
+def decode_settings(cfg: ml_collections.ConfigDict, beam_size: int | None, alpha: float | None,
+                    max_extra_len: int | None) -> dict[str, Any]:
+  """The config's decode settings with the given overrides, checked."""
+  settings = {"beam_size": cfg.decode.beam_size if beam_size is None else beam_size,
+              "alpha": cfg.decode.alpha if alpha is None else alpha,
+              "max_extra_len": cfg.decode.max_extra_len if max_extra_len is None else max_extra_len}
+  if settings["beam_size"] < 1 or settings["alpha"] < 0 or settings["max_extra_len"] < 0:
+    raise ConfigError(f"decode settings must be beam_size >= 1, alpha >= 0, max_extra_len >= 0; "
+                      f"got {settings}")
+  return settings
+
+
 def evaluate(workdir: str, step: int | None = None, split: str | None = None,
              source_file: str | None = None, reference_file: str | None = None,
              beam_size: int | None = None, alpha: float | None = None,
@@ -131,12 +143,7 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
   cfg = checkpoints.load_run_config(workdir)
   if (source_file is None) != (reference_file is None):
     raise ConfigError("pass both --source_file and --reference_file, or neither")
-  settings = {"beam_size": cfg.decode.beam_size if beam_size is None else beam_size,
-              "alpha": cfg.decode.alpha if alpha is None else alpha,
-              "max_extra_len": cfg.decode.max_extra_len if max_extra_len is None else max_extra_len}
-  if settings["beam_size"] < 1 or settings["alpha"] < 0 or settings["max_extra_len"] < 0:
-    raise ConfigError(f"decode settings must be beam_size >= 1, alpha >= 0, max_extra_len >= 0; "
-                      f"got {settings}")
+  settings = decode_settings(cfg, beam_size, alpha, max_extra_len)
   if source_file:
     text = sources.read_parallel(source_file, reference_file)
     name = Path(source_file).stem
