@@ -171,3 +171,15 @@ def test_the_same_commands_run_on_eight_devices(tmp_path):
   out = run_cli("transformer.evaluate", f"--workdir={workdir}", "--beam_size=2", devices=8)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "sacreBLEU" in out.stdout
+
+
+def test_checkpoints_on_a_wall_clock_cadence(tmp_path):
+  cfg = tiny_run_config(tmp_path)
+  cfg.train.steps, cfg.train.log_every, cfg.train.eval_every = 6, 2, 6
+  cfg.train.checkpoint_every, cfg.train.keep_checkpoints = 1000, 5
+  cfg.train.checkpoint_minutes = 1e-9  # due at every progress line
+  train_and_evaluate(cfg, str(tmp_path / "run"))
+  assert sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir()) == [2, 4, 6]
+  cfg.train.steps, cfg.train.checkpoint_minutes = 10, 0.0  # off: the step cadence and the end only
+  train_and_evaluate(cfg, str(tmp_path / "run"))
+  assert sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir()) == [2, 4, 6, 10]

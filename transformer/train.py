@@ -6,7 +6,9 @@ The train step is compiled once per batch shape with the state replicated and th
 1-D `data` mesh of all devices (partitioning.py). The loop logs a progress line every
 `train.log_every` steps, computes validation loss/accuracy/perplexity every `train.eval_every` steps
 (teacher-forced, cheap; BLEU is the separate evaluation program's job), saves Orbax checkpoints
-asynchronously every `train.checkpoint_every` steps, and resumes from the latest one when restarted.
+asynchronously every `train.checkpoint_every` steps and, if `train.checkpoint_minutes` is set, at
+the first progress line after that many minutes (the paper's 10-minute cadence), and resumes from the
+latest one when restarted.
 """
 
 from __future__ import annotations
@@ -217,6 +219,15 @@ def prepare_data(cfg: ml_collections.ConfigDict, workdir: Path, num_devices: int
   return vocab, train_pipeline, eval_batches
 
 
+def minutes_since(t: float) -> float:
+  """Minutes since `t` by process 0's clock, so every process makes the same checkpoint decision."""
+  elapsed = np.float64((time.time() - t) / 60)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    elapsed = multihost_utils.broadcast_one_to_all(elapsed)
+  return float(elapsed)
+
+
 def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains (or resumes) the run in `workdir` up to `cfg.train.steps`; returns a summary."""
   validate(cfg)
@@ -256,6 +267,8 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str
   t_start = time.time()
   interval_start, interval_sums = time.time(), []
   tokens_seen = 0.0
+  minutes = cfg.train.checkpoint_minutes  # the wall-clock cadence; 0 = off
+  last_save = time.time()
   with contextlib.closing(train_pipeline.batches(data_state)) as batches:  # stops its thread
     for step in range(start, total):
       batch, data_state = next(batches)
@@ -280,8 +293,10 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str
         writer.write("eval", done, **metrics)
         log.info("eval at step %d | nll %.3f | perplexity %.2f | accuracy %.3f", done,
                  metrics["nll"], metrics["perplexity"], metrics["accuracy"])
-      if done % cfg.train.checkpoint_every == 0 or done == total:
+      if (done % cfg.train.checkpoint_every == 0 or done == total
+          or (minutes and done % cfg.train.log_every == 0 and minutes_since(last_save) >= minutes)):
         checkpoints.save(mngr, done, state, data_state.to_dict())
+        last_save = time.time()
   mngr.wait_until_finished()
   train_time = time.time() - t_start
   summary = {"steps": total, "resumed_from": start, "train_time_sec": train_time,
