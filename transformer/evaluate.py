@@ -63,12 +63,15 @@ def load_model(workdir: str | Path, step: int | None = None, average_last: int =
 
 def translate(model: Transformer, params: Any, vocab: spm.SentencePieceProcessor,
               sentences: Sequence[str], beam_size: int, alpha: float, max_extra_len: int,
-              tokens_per_batch: int, max_source_len: int) -> tuple[list[str], dict[str, float]]:
+              tokens_per_batch: int, max_source_len: int, compiled_cache: dict | None = None
+              ) -> tuple[list[str], dict[str, float]]:
   """Translates `sentences` (order kept) and returns them with timing figures.
 
   Sources longer than `max_source_len` tokens are truncated (and counted). Empty sources give empty
-  translations. beam_size 1 uses greedy search.
+  translations. beam_size 1 uses greedy search. Pass the same `compiled_cache` dict to later calls
+  (other checkpoints of the same model) to reuse the compiled search functions.
   """
+  compiled_cache = {} if compiled_cache is None else compiled_cache
   mesh = partitioning.data_mesh()
   encoded = [vocab.encode(s) if s.strip() else [] for s in sentences]
   truncated = sum(len(e) > max_source_len - 1 for e in encoded)
@@ -96,7 +99,8 @@ def translate(model: Transformer, params: Any, vocab: spm.SentencePieceProcessor
                                                                        max_output)
     rows = max(mesh.size, tokens_per_batch // length // mesh.size * mesh.size)
     fn = jax.jit(functools.partial(search, decode_len=decode_len))
-    compiled = None
+    key = (length, rows, decode_len, beam_size, alpha)
+    compiled = compiled_cache.get(key)
     for start in range(0, len(members), rows):
       chunk = members[start:start + rows]
       src = pad_rows([np.array(ids[i], np.int32) for i in chunk], length, rows)
@@ -105,7 +109,7 @@ def translate(model: Transformer, params: Any, vocab: spm.SentencePieceProcessor
       batch = partitioning.shard_batch({"src": src, "limits": limits.astype(np.int32)}, mesh)
       if compiled is None:
         t = time.time()
-        compiled = fn.lower(params, batch["src"], batch["limits"]).compile()
+        compiled = compiled_cache[key] = fn.lower(params, batch["src"], batch["limits"]).compile()
         compile_time += time.time() - t
       t = time.time()
       tokens = np.asarray(jax.device_get(compiled(params, batch["src"], batch["limits"])))
@@ -138,7 +142,8 @@ def decode_settings(cfg: ml_collections.ConfigDict, beam_size: int | None, alpha
 def evaluate(workdir: str, step: int | None = None, split: str | None = None,
              source_file: str | None = None, reference_file: str | None = None,
              beam_size: int | None = None, alpha: float | None = None,
-             max_extra_len: int | None = None, average_last: int = 1) -> dict[str, Any]:
+             max_extra_len: int | None = None, average_last: int = 1,
+             compiled_cache: dict | None = None) -> dict[str, Any]:
   """Translates an evaluation set with a checkpoint of `workdir`, scores it, writes the report."""
   cfg = checkpoints.load_run_config(workdir)
   if (source_file is None) != (reference_file is None):
@@ -160,7 +165,8 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
   t = time.time()
   hypotheses, stats = translate(model, params, vocab, text.source,
                                 tokens_per_batch=cfg.decode.tokens_per_batch,
-                                max_source_len=cfg.data.max_len, **settings)
+                                max_source_len=cfg.data.max_len, compiled_cache=compiled_cache,
+                                **settings)
   if stats["truncated_sources"]:
     log.warning("%d source sentences were longer than %d tokens and were truncated",
                 stats["truncated_sources"], cfg.data.max_len)
@@ -189,6 +195,11 @@ def main(argv: list[str]) -> None:
   if FLAGS.workdir is None:
     raise app.UsageError("pass --workdir=DIR, the directory transformer-train wrote")
   try:
+    if FLAGS.watch:
+      from transformer.watch import watch
+      watch(FLAGS.workdir, poll_seconds=FLAGS.poll_seconds, idle_minutes=FLAGS.idle_minutes,
+            beam_size=FLAGS.beam_size, alpha=FLAGS.alpha, max_extra_len=FLAGS.max_extra_len)
+      return
     report = evaluate(FLAGS.workdir, FLAGS.step, FLAGS.split, FLAGS.source_file,
                       FLAGS.reference_file, FLAGS.beam_size, FLAGS.alpha, FLAGS.max_extra_len,
                       FLAGS.average_last)
@@ -217,6 +228,11 @@ def run() -> None:
   flags.DEFINE_integer("beam_size", None, "Beam size (default: config.decode.beam_size; 1 = greedy).")
   flags.DEFINE_float("alpha", None, "Length-penalty alpha (default: config.decode.alpha).")
   flags.DEFINE_integer("max_extra_len", None, "Output length limit = input length + this.")
+  flags.DEFINE_bool("watch", False, "Run beside training: evaluate every new checkpoint on the "
+                    "validation split, track the best, stop when training has finished.")
+  flags.DEFINE_float("poll_seconds", 60, "With --watch: how often to look for new checkpoints.")
+  flags.DEFINE_float("idle_minutes", 0, "With --watch: also stop after this long without a new "
+                     "checkpoint (0 = wait until training finishes).")
   flags.DEFINE_integer("average_last", 1, "Average the parameters of the last N checkpoints (up to "
                        "--step if given), as the paper did: 5 for base, 20 for big.")
   run_program("transformer-eval", main)

@@ -1,0 +1,33 @@
+"""transformer-eval --watch: every new checkpoint evaluated exactly once, the best tracked, a clean stop."""
+
+import json
+
+from conftest import tiny_run_config
+from transformer import checkpoints
+from transformer.metrics import read_metrics
+from transformer.train import train_and_evaluate
+from transformer.watch import watch
+
+
+def test_watcher_evaluates_each_new_checkpoint_once_and_stops(tmp_path):
+  cfg = tiny_run_config(tmp_path)
+  cfg.train.steps, cfg.train.checkpoint_every, cfg.train.eval_every = 4, 2, 4
+  workdir = tmp_path / "run"
+  train_and_evaluate(cfg, str(workdir))
+  assert watch(str(workdir), poll_seconds=0.01, beam_size=1) == [2, 4]  # stops: step 4 is the last
+
+  cfg.train.steps = 6  # training resumes; only the new checkpoint is evaluated
+  train_and_evaluate(cfg, str(workdir))
+  assert watch(str(workdir), poll_seconds=0.01, beam_size=1) == [6]
+  records = read_metrics(workdir, "bleu")
+  assert sorted(r["step"] for r in records) == [2, 4, 6]
+  best = json.loads((workdir / "eval" / "best.json").read_text())
+  assert best["bleu"] == max(r["bleu"] for r in records)
+  assert best["step"] == max(records, key=lambda r: r["bleu"])["step"]
+
+  # A run still going (its config asks for more steps) with no new checkpoint: --idle_minutes stops.
+  run_config = json.loads((workdir / checkpoints.CONFIG_FILE).read_text())
+  run_config["train"]["steps"] = 100
+  (workdir / checkpoints.CONFIG_FILE).write_text(json.dumps(run_config))
+  assert watch(str(workdir), poll_seconds=0.01, idle_minutes=1e-4, beam_size=1) == []
+  assert len(read_metrics(workdir, "bleu")) == 3

@@ -1,0 +1,79 @@
+"""Evaluation beside training: `transformer-eval --workdir=DIR --watch`.
+
+A separate process that polls WORKDIR/checkpoints, evaluates every checkpoint it has not evaluated
+yet on the validation split (beam search, both BLEUs, the usual report files and a `bleu` record in
+metrics.jsonl), keeps WORKDIR/eval/best.json pointing at the best checkpoint by sacreBLEU, and stops
+once it has evaluated the checkpoint of the config's last step (or after --idle_minutes without a new
+checkpoint). It only reads the trainer's files (Orbax publishes a checkpoint atomically, so a
+half-written one is never listed) and never signals the trainer; on accelerators give it its own
+device (e.g. CUDA_VISIBLE_DEVICES) so it does not take the trainer's. A checkpoint deleted by the
+trainer's keep-N before it is read is skipped with a warning. Compiled beam searches are reused from
+one checkpoint to the next.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from transformer import checkpoints
+from transformer.evaluate import evaluate
+from transformer.metrics import read_metrics
+
+log = logging.getLogger("transformer")
+BEST_FILE = "best.json"
+
+
+def evaluated_steps(workdir: str | Path, test_set: str) -> set[int]:
+  """Steps already evaluated on `test_set` (single checkpoints), from metrics.jsonl."""
+  return {r["step"] for r in read_metrics(workdir, "bleu")
+          if r.get("test_set") == test_set and r.get("averaged", 1) == 1}
+
+
+def update_best(workdir: Path, report: dict) -> dict:
+  """Records `report` in eval/best.json if its sacreBLEU beats the best so far; returns the best."""
+  path = workdir / "eval" / BEST_FILE
+  best = json.loads(path.read_text()) if path.is_file() else None
+  score = report["sacrebleu"]["bleu"]
+  if best is None or score > best["bleu"]:
+    best = {"step": report["checkpoint_step"], "bleu": score, "test_set": report["test_set"],
+            "tokenized_bleu": report["tokenized_bleu"]["bleu"], "report": report["files"][1]}
+    path.write_text(json.dumps(best, indent=2) + "\n")
+  return best
+
+
+def watch(workdir: str, poll_seconds: float = 60, idle_minutes: float = 0, **decode) -> list[int]:
+  """Evaluates new checkpoints until training has finished; returns the steps evaluated."""
+  workdir = Path(workdir)
+  test_set = checkpoints.load_run_config(workdir).data.eval_split
+  done = evaluated_steps(workdir, test_set)
+  compiled: dict = {}
+  evaluated, last_new = [], time.time()
+  log.info("Watching %s for new checkpoints (every %.0fs)", workdir / checkpoints.CHECKPOINT_DIR,
+           poll_seconds)
+  while True:
+    final_step = checkpoints.load_run_config(workdir).train.steps  # re-read: a resume may extend it
+    steps = sorted(checkpoints.manager(workdir, read_only=True).all_steps()) \
+        if (workdir / checkpoints.CHECKPOINT_DIR).is_dir() else []
+    for step in (s for s in steps if s not in done):
+      try:
+        report = evaluate(str(workdir), step=step, compiled_cache=compiled, **decode)
+      except checkpoints.CheckpointError as e:
+        log.warning("skipping checkpoint %d: %s", step, e)
+        continue
+      done.add(step)
+      evaluated.append(step)
+      last_new = time.time()
+      best = update_best(workdir, report)
+      log.info("step %d: sacreBLEU %.2f (tokenized %.2f); best so far: step %d, %.2f", step,
+               report["sacrebleu"]["bleu"], report["tokenized_bleu"]["bleu"], best["step"],
+               best["bleu"])
+    if done and max(done) >= final_step:
+      log.info("Training has finished (step %d evaluated); stopping", max(done))
+      return evaluated
+    if idle_minutes and time.time() - last_new > idle_minutes * 60:
+      log.info("No new checkpoint for %.0f minutes; stopping", idle_minutes)
+      return evaluated
+    time.sleep(poll_seconds)
