@@ -97,6 +97,13 @@ def test_train_resume_and_evaluate(tmp_path):
   assert out.returncode == 1 and out.stderr.strip().splitlines()[-1] == (
       "transformer-translate: error: no input sentences in standard input; give one sentence per line")
 
+  # --watch evaluates the one checkpoint not evaluated yet (6; 8 was above) and stops: 8 is the last.
+  out = run_cli("transformer.evaluate", f"--workdir={workdir}", "--watch", "--poll_seconds=0.1",
+                "--beam_size=1")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "step 6: sacreBLEU" in out.stderr and "step 8: sacreBLEU" not in out.stderr
+  assert "Training has finished (step 8 evaluated); stopping" in out.stderr
+
   on_the_fly = evaluate(str(workdir), beam_size=2, average_last=2)  # --average_last=2
   assert on_the_fly["averaged_steps"] == [6, 8]
   assert on_the_fly["files"][1].endswith("validation_step8_avg2.json")
