@@ -92,16 +92,16 @@ def main(argv: list[str]) -> None:
   cfg = FLAGS.config
   if not names and cfg is None:
     raise app.UsageError(f"name a dataset ({', '.join(DATASETS)} or a TFDS name) or pass --config")
+  data_dir = FLAGS.data_dir
   try:
     if cfg is not None:
       validate(cfg)
       if cfg.data.source != "tfds":
         raise ConfigError(f"the config reads data.source={cfg.data.source!r}; nothing to prepare")
-      if FLAGS.data_dir:
-        cfg.data.tfds_data_dir = FLAGS.data_dir
+      data_dir = cfg.data.tfds_data_dir = data_dir or cfg.data.tfds_data_dir
       names += [cfg.data.tfds_name] + ([cfg.data.eval_tfds_name] if cfg.data.eval_tfds_name else [])
     for name in dict.fromkeys(names):
-      print(f"{tfds_name(name)}: {prepare(name, FLAGS.data_dir or (cfg and cfg.data.tfds_data_dir))}")
+      print(f"{tfds_name(name)}: {prepare(name, data_dir)}")
     if cfg is not None:
       path = vocab_lib.cached_vocab(cfg.data, sources.open_split(cfg.data, cfg.data.train_split),
                                     cfg.seed)
