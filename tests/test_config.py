@@ -50,6 +50,7 @@ def test_default_config_is_valid():
     ("train.warmup_steps", -1, r"config.train.warmup_steps must be a positive integer"),
     ("model.dtype", "float8", r"config.model.dtype must be one of"),
     ("data.source", "wmt", r"config.data.source must be one of"),
+    ("model.d_k", -16, r"config.model.d_k must be a non-negative integer, got -16"),
 ])
 def test_bad_values_name_the_key(key, value, message):
   c = load("multi30k")
@@ -59,6 +60,15 @@ def test_bad_values_name_the_key(key, value, message):
   with pytest.raises(ConfigError, match=message) as error:
     validate(c)
   assert "\n" not in str(error.value)
+
+
+def test_explicit_head_widths_lift_the_divisibility_rule():
+  c = load("multi30k")
+  c.model.num_heads, c.model.d_k, c.model.d_v = 3, 32, 32
+  validate(c)
+  c.model.d_v = 0  # d_v = d_model / num_heads again
+  with pytest.raises(ConfigError, match="or set config.model.d_k and config.model.d_v"):
+    validate(c)
 
 
 def test_files_source_needs_its_paths():

@@ -79,7 +79,7 @@ def test_padding_does_not_change_real_positions(rng):
 
 
 @pytest.mark.parametrize("overrides", [{}, {"norm": "pre", "positional": "learned"},
-                                       {"share_embeddings": False}])
+                                       {"share_embeddings": False}, {"d_k": 3, "d_v": 5}])
 def test_kv_cache_decoding_equals_full_forward(rng, overrides):
   model = Transformer(tiny_model_config(**overrides))
   params = init_params(model)
@@ -131,6 +131,9 @@ def test_paper_model_parameter_counts(size):
     dict(d_model=256, num_heads=4),              # row C, d_model 256 (d_k 64)
     dict(d_ff=4096),                             # row C, d_ff 4096
     dict(positional="learned", max_len=100),     # row E
+    dict(d_k=16),                                # row B (d_v stays 64)
+    dict(num_heads=32),                          # row A (d_k = d_v = 16)
+    dict(d_model=256, d_k=48, d_v=24),           # widths that are not d_model / h
     dict(norm="pre", share_embeddings=False),
 ])
 def test_table3_variants_match_the_analytic_formula(overrides):
@@ -149,3 +152,21 @@ def test_training_flops_per_token_of_the_base_model():
   config = ModelConfig(vocab_size=v)
   assert training_flops_per_target_token(config, length, length) == pytest.approx(expected)
   assert expected / 1e9 == pytest.approx(0.381, abs=5e-4)
+
+
+@pytest.mark.parametrize("d_k, paper_millions", [(16, 58), (32, 60)])
+def test_table3_row_b_removes_the_papers_parameters(d_k, paper_millions):
+  """Row B shrinks only the query/key projections: the paper's 65M base loses 7M (d_k 16), 5M (32)."""
+  base = analytic_param_count(ModelConfig(vocab_size=37000))
+  smaller = analytic_param_count(ModelConfig(vocab_size=37000, d_k=d_k))
+  assert round((base - smaller) / 1e6) == 65 - paper_millions
+
+
+def test_attention_with_unequal_key_and_value_widths_matches_numpy(rng):
+  from transformer.model import dot_product_attention
+  q, k, v = rng.normal(size=(2, 3, 4, 5)), rng.normal(size=(2, 6, 4, 5)), rng.normal(size=(2, 6, 4, 7))
+  logits = np.einsum("bthk,bshk->bhts", q, k) / np.sqrt(5)
+  weights = np.exp(logits - logits.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  expected = np.einsum("bhts,bshv->bthv", weights, v)
+  np.testing.assert_allclose(dot_product_attention(q, k, v, None), expected, rtol=1e-5, atol=1e-6)

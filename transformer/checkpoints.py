@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
 
-from transformer.config import ConfigError
+from transformer.config import ConfigError, base_config
 
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
@@ -42,7 +42,7 @@ def save_run_config(workdir: str | os.PathLike, cfg: ml_collections.ConfigDict) 
   path = Path(workdir) / CONFIG_FILE
   new = json.loads(cfg.to_json_best_effort())
   if path.is_file():
-    old = json.loads(path.read_text())
+    old = _with_defaults(json.loads(path.read_text()))
     changed = [f"{section}.{key}" for section, fixed in FIXED_KEYS.items()
                for key in sorted(set(old.get(section, {})) | set(new[section]))
                if (fixed is None or key in fixed)
@@ -58,7 +58,22 @@ def load_run_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
   if not path.is_file():
     raise CheckpointError(f"{path} not found: {workdir} is not a training workdir "
                           "(train first with transformer-train --workdir=...)")
-  return ml_collections.ConfigDict(json.loads(path.read_text()))
+  return ml_collections.ConfigDict(_with_defaults(json.loads(path.read_text())))
+
+
+def _with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
+  """A stored config with keys added since it was written set to their defaults.
+
+  A new key's default always reproduces the behaviour from before the key existed (e.g. model.d_k = 0
+  means d_model / num_heads), so older workdirs still resume and evaluate.
+  """
+  merged = json.loads(base_config().to_json_best_effort())
+  for key, value in stored.items():
+    if isinstance(value, dict) and isinstance(merged.get(key), dict):
+      merged[key].update(value)
+    else:
+      merged[key] = value
+  return merged
 
 
 def manager(workdir: str | os.PathLike, keep: int = 5, read_only: bool = False

@@ -31,7 +31,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.num_layers = 6            # N, for the encoder and the decoder alike.
   c.model.d_model = 512
   c.model.d_ff = 2048
-  c.model.num_heads = 8             # d_k = d_v = d_model / num_heads.
+  c.model.num_heads = 8
+  c.model.d_k = 0                   # per-head query/key width; 0 = d_model / num_heads (64 in base).
+  c.model.d_v = 0                   # per-head value width; 0 = d_model / num_heads.
   c.model.dropout = 0.1             # residual and embedding dropout (P_drop).
   c.model.attention_dropout = 0.0   # the paper uses none.
   c.model.positional = "sinusoidal"  # or 'learned' (Table 3 row E).
@@ -150,10 +152,12 @@ def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
               "train.checkpoint_every", "train.keep_checkpoints", "decode.beam_size",
               "decode.tokens_per_batch"):
     _positive(cfg, key)
-  _positive(cfg, "decode.max_extra_len", allow_zero=True)
-  if cfg.model.d_model % cfg.model.num_heads:
+  for key in ("decode.max_extra_len", "model.d_k", "model.d_v"):
+    _positive(cfg, key, allow_zero=True)
+  if (not cfg.model.d_k or not cfg.model.d_v) and cfg.model.d_model % cfg.model.num_heads:
     raise ConfigError(f"config.model.d_model ({cfg.model.d_model}) must be divisible by "
-                      f"config.model.num_heads ({cfg.model.num_heads}): d_k = d_model / num_heads")
+                      f"config.model.num_heads ({cfg.model.num_heads}): d_k = d_model / num_heads "
+                      "(or set config.model.d_k and config.model.d_v)")
   _choice(cfg, "model.positional", POSITIONAL_KINDS)
   _choice(cfg, "model.norm", NORM_KINDS)
   _choice(cfg, "model.dtype", DTYPES)

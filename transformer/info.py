@@ -46,10 +46,12 @@ def training_flops_per_target_token(config: ModelConfig, src_len: int, tgt_len: 
   softmax are negligible and left out. Source tokens per target token = src_len / tgt_len.
   """
   d, f, v = config.d_model, config.d_ff, config.vocab_size
-  per_src = config.num_layers * (2 * (4 * d * d + 2 * d * f) + 4 * src_len * d  # encoder layer
-                                 + 2 * 2 * d * d)  # decoder's cross-attention keys and values
-  per_tgt = config.num_layers * (2 * (4 * d * d + 2 * d * d + 2 * d * f)  # self, cross q/o, FFN
-                                 + 4 * tgt_len * d + 4 * src_len * d) + 2 * v * d
+  hk, hv = config.num_heads * config.key_dim, config.num_heads * config.value_dim
+  projections = 2 * d * hk + 2 * d * hv  # query, key, value, output (d * hk = d * d by default)
+  per_src = config.num_layers * (2 * (projections + 2 * d * f) + 2 * src_len * (hk + hv)  # encoder
+                                 + 2 * (d * hk + d * hv))  # decoder's cross-attention keys, values
+  per_tgt = config.num_layers * (2 * (projections + d * hk + hv * d + 2 * d * f)  # self, cross q/o
+                                 + 2 * (tgt_len + src_len) * (hk + hv)) + 2 * v * d
   return 3.0 * (per_tgt + per_src * src_len / tgt_len)
 
 

@@ -2,7 +2,7 @@
 
 Read top to bottom: config, positions, attention, feed-forward, encoder and decoder layers, the stacks,
 and the encoder-decoder model. Shapes use B batch, S source length, T target length, D d_model,
-H heads, K = d_k = d_v = D / H, V vocabulary.
+H heads, K = d_k (queries and keys) and d_v (values) per head, D / H unless set, V vocabulary.
 
 Faithful to the paper by default: post-LayerNorm residual blocks, sinusoidal positions, one matrix shared
 by the source embedding, the target embedding and the pre-softmax projection, embeddings scaled by
@@ -36,6 +36,8 @@ class ModelConfig:
   d_model: int = 512
   d_ff: int = 2048
   num_heads: int = 8
+  d_k: int = 0  # per-head query/key width; 0 = d_model / num_heads (Table 3 row B varies it alone)
+  d_v: int = 0  # per-head value width; 0 = d_model / num_heads
   dropout: float = 0.1
   attention_dropout: float = 0.0
   positional: str = "sinusoidal"
@@ -50,6 +52,14 @@ class ModelConfig:
     fields = {f.name for f in dataclasses.fields(cls)} - {"vocab_size", "dtype"}
     return cls(vocab_size=vocab_size, dtype=jnp.dtype(model.dtype),
                **{name: model[name] for name in fields})
+
+  @property
+  def key_dim(self) -> int:
+    return self.d_k or self.d_model // self.num_heads
+
+  @property
+  def value_dim(self) -> int:
+    return self.d_v or self.d_model // self.num_heads
 
 
 # ----------------------------------------------------------------------------------------- positions
@@ -84,7 +94,7 @@ _dense_init = nn.initializers.xavier_uniform()
 
 def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None,
                           dropout: Callable[[jax.Array], jax.Array] = lambda w: w) -> jax.Array:
-  """softmax(Q K^T / sqrt(d_k)) V per head; [B,T,H,K] x [B,S,H,K] -> [B,T,H,K].
+  """softmax(Q K^T / sqrt(d_k)) V per head; [B,T,H,K] x [B,S,H,K] x [B,S,H,V] -> [B,T,H,V].
 
   `mask` broadcasts to [B,H,T,S] and is True where a query may attend. Logits and softmax are float32.
   """
@@ -94,11 +104,11 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, ma
   if mask is not None:
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
   weights = dropout(jax.nn.softmax(logits, axis=-1))
-  return jnp.einsum("bhts,bshk->bthk", weights.astype(value.dtype), value)
+  return jnp.einsum("bhts,bshv->bthv", weights.astype(value.dtype), value)
 
 
 class MultiHeadAttention(nn.Module):
-  """Multi-head attention with d_k = d_v = D / H.
+  """Multi-head attention: H heads of d_k-wide queries and keys and d_v-wide values (D / H by default).
 
   `cache` selects decoding behaviour: None (full sequences), 'self' (one new query position per call;
   keys and values are appended to a cache of length `decode_len`), 'cross' (keys and values of the
@@ -110,20 +120,22 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array, mask: jax.Array | None, *,
                deterministic: bool, cache: str | None = None, decode_len: int = 0) -> jax.Array:
     cfg = self.config
-    heads, depth = cfg.num_heads, cfg.d_model // cfg.num_heads
-    project = lambda name: nn.DenseGeneral(
+    heads = cfg.num_heads
+    project = lambda name, depth: nn.DenseGeneral(
         (heads, depth), dtype=cfg.dtype, name=name, kernel_init=_dense_init)
-    query = project("query")(inputs_q)
-    key_proj, value_proj = project("key"), project("value")
+    query = project("query", cfg.key_dim)(inputs_q)
+    key_proj, value_proj = project("key", cfg.key_dim), project("value", cfg.value_dim)
 
     if cache == "cross":
       key = self.variable("cache", "cached_key", key_proj, inputs_kv).value
       value = self.variable("cache", "cached_value", value_proj, inputs_kv).value
     elif cache == "self":
-      new_key, new_value = key_proj(inputs_kv), value_proj(inputs_kv)  # [B, 1, H, K]
-      shape = (new_key.shape[0], decode_len, heads, depth)
-      cached_key = self.variable("cache", "cached_key", jnp.zeros, shape, new_key.dtype)
-      cached_value = self.variable("cache", "cached_value", jnp.zeros, shape, new_value.dtype)
+      new_key, new_value = key_proj(inputs_kv), value_proj(inputs_kv)  # [B, 1, H, K], [B, 1, H, V]
+      batch = new_key.shape[0]
+      cached_key = self.variable("cache", "cached_key", jnp.zeros,
+                                 (batch, decode_len, heads, cfg.key_dim), new_key.dtype)
+      cached_value = self.variable("cache", "cached_value", jnp.zeros,
+                                   (batch, decode_len, heads, cfg.value_dim), new_value.dtype)
       index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
       i = index.value
       cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, new_key, (0, i, 0, 0))
@@ -343,7 +355,8 @@ def shift_right(tgt: jax.Array, segments: jax.Array | None = None) -> jax.Array:
 def analytic_param_count(config: ModelConfig) -> int:
   """Parameters by the formula (biases in every projection, no output bias), for testing the model."""
   d, f, v, n = config.d_model, config.d_ff, config.vocab_size, config.num_layers
-  attention = 4 * (d * d + d)
+  hk, hv = config.num_heads * config.key_dim, config.num_heads * config.value_dim
+  attention = 2 * (d * hk + hk) + (d * hv + hv) + (hv * d + d)  # query, key; value; output
   ffn = d * f + f + f * d + d
   norm = 2 * d
   encoder_layer = attention + ffn + 2 * norm
