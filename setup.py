@@ -27,6 +27,7 @@ setup(
         "sacrebleu>=2.4.0",
         "sacremoses>=0.1.1",    # Moses tokenizer for the paper's tokenized BLEU
         "numpy>=1.26",
+        "matplotlib>=3.7",      # figures: experiment plots (transformer/plot.py)
     ],
     extras_require={"test": ["pytest>=7.0"]},
     entry_points={"console_scripts": [

@@ -1,0 +1,162 @@
+"""Collect an experiment's runs into results.csv, a Table-3-style results.md and two plots.
+
+Everything is read back from what the programs wrote in each workdir: config.json, the last
+checkpoint's step, metrics.jsonl ('eval' records for dev perplexity and the loss curve, 'summary'
+records for parameters and training time) and transformer-eval's JSON reports for BLEU.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from experiments.grids import Grid
+from transformer import checkpoints, plot
+from transformer.metrics import format_duration, read_metrics
+from transformer.model import ModelConfig, analytic_param_count
+
+# Table 3's hyper-parameter columns: header -> how to read it from a run config.
+HYPER_COLUMNS = {
+    "N": lambda c, m: c.model.num_layers,
+    "d_model": lambda c, m: c.model.d_model,
+    "d_ff": lambda c, m: c.model.d_ff,
+    "h": lambda c, m: c.model.num_heads,
+    "d_k": lambda c, m: m.key_dim,
+    "d_v": lambda c, m: m.value_dim,
+    "P_drop": lambda c, m: c.model.dropout,
+    "ε_ls": lambda c, m: c.train.label_smoothing,
+    "positions": lambda c, m: c.model.positional,
+    "train steps": lambda c, m: c.train.steps,
+}
+
+
+def trained_steps(workdir: Path) -> int:
+  """The step of the run's last complete checkpoint (0 if none): a run is done at train.steps."""
+  if not (workdir / checkpoints.CHECKPOINT_DIR).is_dir():
+    return 0
+  return checkpoints.manager(workdir, read_only=True).latest_step() or 0
+
+
+def _report(path: Path) -> dict[str, Any] | None:
+  return json.loads(path.read_text()) if path.is_file() else None
+
+
+def collect(grid: Grid, runs: Sequence[Any], test_set_files: dict[str, dict]) -> list[dict[str, Any]]:
+  """One record per run: its settings and whatever results exist (None where missing)."""
+  rows = []
+  for run in runs:
+    cfg = run.config
+    model = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
+    row: dict[str, Any] = {"variant": run.variant.name, "row": run.variant.row, "seed": run.seed,
+                           "workdir": str(run.workdir)}
+    row.update({name: read(cfg, model) for name, read in HYPER_COLUMNS.items()})
+    summaries = read_metrics(run.workdir, "summary")
+    row["params"] = summaries[-1]["parameters"] if summaries else analytic_param_count(model)
+    row["steps_done"] = trained_steps(run.workdir)
+    row["finished"] = row["steps_done"] >= cfg.train.steps
+    row["train_sec"] = round(sum(s["train_time_sec"] for s in summaries), 1)
+    evals = {r["step"]: r for r in read_metrics(run.workdir, "eval")}  # a resumed step: the last
+    final = evals.get(row["steps_done"])
+    row["dev_ppl"] = final["perplexity"] if final else None
+    row["dev_nll_curve"] = [(step, evals[step]["nll"]) for step in sorted(evals)]
+    reports = {"dev": run.evals[0][0]}
+    reports.update({name: report for name, (report, _) in zip(test_set_files, run.evals[1:])})
+    eval_sec = 0.0
+    for name, path in reports.items():
+      report = _report(path)
+      row[f"{name}_bleu"] = report["sacrebleu"]["bleu"] if report else None
+      row[f"{name}_tokenized_bleu"] = report["tokenized_bleu"]["bleu"] if report else None
+      eval_sec += report["total_sec"] if report else 0.0
+    row["eval_sec"] = round(eval_sec, 1)
+    rows.append(row)
+  return rows
+
+
+def mean_std(values: Sequence[float | None]) -> tuple[float, float, int] | None:
+  """Mean, sample standard deviation (0 for one value) and count of the values present."""
+  present = [v for v in values if v is not None]
+  if not present:
+    return None
+  std = statistics.stdev(present) if len(present) > 1 else 0.0
+  return statistics.fmean(present), std, len(present)
+
+
+def format_mean_std(values: Sequence[float | None], digits: int = 2) -> str:
+  summary = mean_std(values)
+  if summary is None:
+    return "–"
+  mean, std, n = summary
+  return f"{mean:.{digits}f}" if n == 1 else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def metric_columns(test_set_names: Sequence[str]) -> dict[str, str]:
+  """Result columns of the table: header -> row key."""
+  columns = {"PPL (dev)": "dev_ppl", "BLEU (dev)": "dev_bleu"}
+  columns.update({f"BLEU ({name})": f"{name}_bleu" for name in test_set_names})
+  return columns
+
+
+def markdown_table(rows: list[dict[str, Any]], grid: Grid) -> str:
+  """Rows = variants, Table 3's columns; hyper-parameters equal to the first variant's left blank."""
+  metrics = metric_columns(grid.test_sets)
+  headers = ["", "variant", *HYPER_COLUMNS, *metrics, "params ×10⁶", "seeds"]
+  lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+  reference = None
+  previous_row_label = None
+  for variant in grid.variants:
+    mine = [r for r in rows if r["variant"] == variant.name]
+    first = mine[0]
+    hyper = [first[name] for name in HYPER_COLUMNS]
+    shown = hyper if reference is None else ["" if h == r else h for h, r in zip(hyper, reference)]
+    reference = reference or hyper
+    label = variant.row if variant.row != previous_row_label else ""
+    previous_row_label = variant.row
+    finished = [r for r in mine if r["finished"]]
+    cells = [label, variant.name, *map(str, shown)]
+    cells += [format_mean_std([r[key] for r in finished]) for key in metrics.values()]
+    cells += [f"{first['params'] / 1e6:.3g}", f"{len(finished)}/{len(mine)}"]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def write(rows: list[dict[str, Any]], grid: Grid, root: Path) -> list[Path]:
+  """results.csv, results.md, dev_loss.png and bleu.png in `root`."""
+  root.mkdir(parents=True, exist_ok=True)
+  csv_path = root / "results.csv"
+  fields = [k for k in rows[0] if k != "dev_nll_curve"]
+  with csv_path.open("w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+
+  finished = [r for r in rows if r["finished"]]
+  train_sec = sum(r["train_sec"] for r in rows)
+  eval_sec = sum(r["eval_sec"] for r in rows)
+  md = [f"# Experiment `{grid.name}`", "",
+        markdown_table(rows, grid), "",
+        f"{len(finished)} of {len(rows)} runs finished. Mean ± sample standard deviation over seeds; "
+        "PPL is the dev perplexity per target subword token at the last step (teacher-forced); BLEU "
+        "is sacreBLEU from transformer-eval (beam search, the config's decode settings) on the last "
+        "checkpoint. Blank hyper-parameters equal the first row's.",
+        f"Compute: training {format_duration(train_sec)}, evaluation {format_duration(eval_sec)} "
+        "(sum over runs).", ""]
+  (root / "results.md").write_text("\n".join(md))
+
+  curves = {}
+  for variant in grid.variants:
+    curves[variant.name] = [r["dev_nll_curve"] for r in rows if r["variant"] == variant.name
+                            and r["dev_nll_curve"]]
+  plot.curves_by_group(curves, root / "dev_loss.png", xlabel="step",
+                       ylabel="dev loss (nats per token)", title=f"{grid.name}: dev loss")
+  bleu = {}
+  for variant in grid.variants:
+    bleu[variant.name] = {name: [r[f"{name}_bleu"] for r in finished if r["variant"] == variant.name
+                                 and r[f"{name}_bleu"] is not None]
+                          for name in ["dev", *grid.test_sets]}
+  plot.bars_with_error(bleu, root / "bleu.png", ylabel="sacreBLEU",
+                       title=f"{grid.name}: BLEU (mean ± std over seeds)")
+  return [csv_path, root / "results.md", root / "dev_loss.png", root / "bleu.png"]

@@ -1,0 +1,249 @@
+"""The experiment runner: grids, the long-sentence test set, tables and plots, and a tiny grid end to end."""
+
+import csv
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
+import pytest
+from conftest import tiny_run_config
+
+from experiments import results, test_sets
+from experiments.grids import Grid, Variant, load_grid
+from experiments.run import base_arguments, plan, variant_config
+from transformer.config import ConfigError, base_config
+from transformer.data import sources
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_config(path):
+  spec = importlib.util.spec_from_file_location("cfg", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+@pytest.mark.parametrize("base", ["configs/multi30k.py", None])
+def test_every_table3_variant_is_a_valid_config(base):
+  cfg = load_config(REPO / base) if base else base_config()
+  grid = load_grid("table3")
+  assert [v.name for v in grid.variants][:5] == ["base", "A-h1", "A-h4", "A-h16", "A-h32"]
+  for variant in grid.variants:
+    variant_config(cfg, variant, seed=0)
+
+
+def test_table3_rows_change_what_the_paper_changes():
+  grid = {v.name: v for v in load_grid("table3").variants}
+  paper_base = base_config()
+  cfg = variant_config(paper_base, grid["A-h1"], 0)
+  from transformer.model import ModelConfig
+  model = ModelConfig.from_config(cfg.model, 37000)
+  assert (model.num_heads, model.key_dim, model.value_dim) == (1, 512, 512)
+  model = ModelConfig.from_config(variant_config(paper_base, grid["B-dk16"], 0).model, 37000)
+  assert (model.num_heads, model.key_dim, model.value_dim) == (8, 16, 64)
+  model = ModelConfig.from_config(variant_config(paper_base, grid["C-d256"], 0).model, 37000)
+  assert (model.d_model, model.key_dim) == (256, 32)
+  assert variant_config(paper_base, grid["D-ls0.2"], 0).train.label_smoothing == 0.2
+  assert variant_config(paper_base, grid["E-learned"], 3).model.positional == "learned"
+  assert variant_config(paper_base, grid["E-learned"], 3).seed == 3
+
+
+def test_bad_variants_and_grids_are_named():
+  cfg = base_config()
+  with pytest.raises(ConfigError, match="variant odd: config.model.d_model .* divisible"):
+    variant_config(cfg, Variant("odd", {"model.num_heads": 7}), 0)
+  with pytest.raises(ConfigError, match="variant typo: unknown config key"):
+    variant_config(cfg, Variant("typo", {"model.num_head": 7}), 0)
+  with pytest.raises(ValueError, match="names variants more than once: a"):
+    Grid("g", [Variant("a"), Variant("a")])
+  with pytest.raises(ValueError, match="unknown grid 'table4'"):
+    load_grid("table4")
+
+
+def test_a_grid_file_is_loaded_and_checked(tmp_path):
+  good = tmp_path / "warmup.py"
+  good.write_text("from experiments.grids import Grid, Variant\n"
+                  "def get_grid():\n"
+                  "  return Grid('warmup', [Variant('w400', {'train.warmup_steps': 400}),\n"
+                  "                         Variant('w1600', {'train.warmup_steps': 1600})])\n")
+  grid = load_grid(str(good))
+  assert [v.overrides["train.warmup_steps"] for v in grid.variants] == [400, 1600]
+  bad = tmp_path / "bad.py"
+  bad.write_text("GRID = 1\n")
+  with pytest.raises(ValueError, match="has no get_grid"):
+    load_grid(str(bad))
+  with pytest.raises(ValueError, match="not found"):
+    load_grid(str(tmp_path / "missing.py"))
+
+
+def test_commands_carry_the_base_overrides_variant_and_seed(tmp_path):
+  argv = ["run.py", "positional", "--base=configs/multi30k.py", "--base.train.steps=600", "--seeds=2"]
+  args = base_arguments(argv)
+  assert args == ["--config=configs/multi30k.py", "--config.train.steps=600"]
+  files = {"long": {"source_file": "x/long.en", "reference_file": "x/long.de"}}
+  runs = plan(load_grid("positional"), base_config(), args, [0, 1], tmp_path, files)
+  assert [(r.variant.name, r.seed) for r in runs] == [("sinusoidal", 0), ("learned", 0),
+                                                      ("sinusoidal", 1), ("learned", 1)]
+  learned = runs[3]
+  assert learned.train == ["transformer-train", *args, "--config.model.positional=learned",
+                           "--config.seed=1", f"--workdir={tmp_path}/learned/seed1"]
+  assert learned.evals[1][1][-2:] == ["--source_file=x/long.en", "--reference_file=x/long.de"]
+  assert learned.evals[1][0] == tmp_path / "learned/seed1/eval/long_step100000.json"
+
+
+class WordVocab:
+  """A stand-in vocabulary: one token per word."""
+  def encode(self, text):
+    return [[1] * len(t.split()) for t in text] if isinstance(text, list) else [1] * len(text.split())
+
+
+def test_long_sentences_join_consecutive_pairs_past_the_training_length():
+  source = [f"s{i} " + "w " * (i % 4) for i in range(40)]
+  target = [f"t{i}" for i in range(40)]
+  long_src, long_tgt = test_sets.join_until_longer(source, target, WordVocab(), longer_than=6,
+                                                  max_len=9)
+  assert long_src
+  position = 0
+  for src, tgt in zip(long_src, long_tgt):
+    assert 6 < len(src.split()) + 1 <= 9      # tokens with EOS
+    first = int(src.split()[0][1:])
+    assert first >= position                  # consecutive pairs, in order, none reused
+    parts = tgt.split()
+    assert parts == [f"t{i}" for i in range(first, first + len(parts))]
+    assert src == " ".join(source[i].strip() for i in range(first, first + len(parts)))
+    position = first + len(parts)
+
+
+def test_long_set_needs_room_below_max_len(tmp_path):
+  cfg = tiny_run_config(tmp_path)
+  cfg.data.max_len = 4  # every training source is longer: nothing is kept below it
+  vocab_path = tmp_path / "v.model"
+  from transformer.data import vocab as vocab_lib
+  train = sources.open_split(cfg.data, "train")
+  vocab_lib.train_vocab(train.read(range(len(train)))[0], vocab_path, 300, "bpe")
+  vocab = vocab_lib.load_vocab(vocab_path)
+  with pytest.raises(ValueError, match="no joined dev sentences|lower data.max_len"):
+    test_sets.long_sentences(cfg, vocab, tmp_path / "sets")
+
+
+def fake_rows():
+  """Result rows of three seeds of two variants, as results.collect makes them."""
+  from transformer.model import ModelConfig
+  rows = []
+  for variant, ppl, bleu in (("base", [5.0, 5.2, 5.4], [30.0, 31.0, 32.5]),
+                             ("E-learned", [5.1, 5.1, 5.1], [29.0, 30.0, 31.0])):
+    overrides = {"model.positional": "learned"} if variant != "base" else {}
+    for seed in range(3):
+      cfg = variant_config(base_config(), Variant(variant, overrides), seed)
+      model = ModelConfig.from_config(cfg.model, 37000)
+      row = {"variant": variant, "row": "", "seed": seed, "finished": True,
+             "params": 63e6, "dev_ppl": ppl[seed], "dev_bleu": bleu[seed], "train_sec": 10.0,
+             "eval_sec": 1.0, "dev_nll_curve": [(1, 2.0 - seed * 0.1), (2, 1.5)]}
+      row.update({name: read(cfg, model) for name, read in results.HYPER_COLUMNS.items()})
+      rows.append(row)
+  return rows
+
+
+def test_table_reports_mean_and_sample_std_and_blanks_unchanged_settings():
+  grid = Grid("t", [Variant("base"), Variant("E-learned", {"model.positional": "learned"}, "(E)")])
+  table = results.markdown_table(fake_rows(), grid).splitlines()
+  header = [c.strip() for c in table[0].strip("|").split("|")]
+  assert header[2:12] == ["N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "ε_ls", "positions",
+                          "train steps"]
+  base = [c.strip() for c in table[2].strip("|").split("|")]
+  learned = [c.strip() for c in table[3].strip("|").split("|")]
+  assert base[2:8] == ["6", "512", "2048", "8", "64", "64"]
+  assert learned[2:10] == [""] * 8 and learned[10] == "learned" and learned[0] == "(E)"
+  ppl_mean, ppl_std = np.mean([5.0, 5.2, 5.4]), np.std([5.0, 5.2, 5.4], ddof=1)
+  assert base[header.index("PPL (dev)")] == f"{ppl_mean:.2f} ± {ppl_std:.2f}"
+  assert learned[header.index("BLEU (dev)")] == "30.00 ± 1.00"
+  assert base[header.index("seeds")] == "3/3"
+
+
+def test_plots_are_written(tmp_path):
+  paths = [results.plot.curves_by_group({"a": [[(1, 2.0), (2, 1.0)], [(1, 2.2), (2, 1.2)]],
+                                         "b": [[(1, 3.0), (2, 2.0)]]}, tmp_path / "c.png", "step",
+                                        "loss"),
+           results.plot.bars_with_error({"a": {"dev": [30.0, 31.0], "long": [20.0, 22.0]},
+                                         "b": {"dev": [29.0], "long": []}}, tmp_path / "b.png",
+                                        "BLEU")]
+  for path in paths:
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 300
+
+
+def write_short_sentence_config(tmp_path):
+  """A tiny run config as a config file, trained on short pairs only (so dev pairs can be longer)."""
+  cfg = tiny_run_config(tmp_path, train_lines=600)
+  src, tgt = (sources.read_lines(cfg.data[k]) for k in ("train_src", "train_tgt"))
+  keep = [i for i, s in enumerate(src) if len(s.split()) <= 9]
+  Path(cfg.data.train_src).write_text("".join(src[i] + "\n" for i in keep))
+  Path(cfg.data.train_tgt).write_text("".join(tgt[i] + "\n" for i in keep))
+  cfg.data.max_len = 64
+  cfg.model.max_len = 96
+  cfg.train.eval_every = 2
+  (tmp_path / "tiny.json").write_text(cfg.to_json())
+  path = tmp_path / "tiny.py"
+  path.write_text("import json, ml_collections\n"
+                  "def get_config():\n"
+                  f"  return ml_collections.ConfigDict(json.load(open({str(tmp_path / 'tiny.json')!r})))\n")
+  return path
+
+
+def run_experiment(*args):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  return subprocess.run([sys.executable, "-m", "experiments.run", *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=900)
+
+
+def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
+  config = write_short_sentence_config(tmp_path)
+  root = tmp_path / "exp"
+  common = ["positional", f"--base={config}", "--seeds=1", f"--root={root}"]
+
+  printed = run_experiment(*common, "--print_commands")
+  assert printed.returncode == 0, printed.stderr
+  lines = printed.stdout.strip().splitlines()
+  assert len(lines) == 2 and "--config.model.positional=learned" in lines[1]
+  long_info = json.loads((root / "test_sets/long.json").read_text())
+  assert long_info["sentences"] > 0
+  assert long_info["source_tokens_min"] > long_info["longest_training_source_tokens"]
+
+  # Interrupt 'learned' half-way: its own training command, stopped at step 3 of 6.
+  first = lines[1].split(" && ")[0].split()
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  half = subprocess.run([sys.executable, "-m", "transformer.train", *first[1:],
+                         "--config.train.steps=3"], cwd=REPO, env=env, capture_output=True, text=True)
+  assert half.returncode == 0, half.stderr
+
+  done = run_experiment(*common)
+  assert done.returncode == 0, done.stderr
+  assert "learned seed 0: resuming from step 3 to step 6" in done.stderr
+  assert "sinusoidal seed 0: training to step 6" in done.stderr
+  assert "Resumed from the checkpoint at step 3" in (root / "learned/seed0/train.log").read_text()
+  with (root / "results.csv").open() as f:
+    rows = list(csv.DictReader(f))
+  assert [(r["variant"], r["finished"], r["steps_done"]) for r in rows] == [
+      ("sinusoidal", "True", "6"), ("learned", "True", "6")]
+  for row in rows:
+    report = json.loads((Path(row["workdir"]) / "eval/long_step6.json").read_text())
+    assert float(row["long_bleu"]) == pytest.approx(report["sacrebleu"]["bleu"])
+    assert report["sacrebleu"]["lines"] == long_info["sentences"]
+    assert float(row["dev_ppl"]) > 1
+  table = (root / "results.md").read_text()
+  assert "| BLEU (long) |" in table and "| learned |" in table and "2 of 2 runs finished" in table
+  for name in ("dev_loss.png", "bleu.png"):
+    assert matplotlib.image.imread(root / name).ndim == 3
+
+  reports = sorted((root).glob("*/seed0/eval/*.json"))
+  stamps = [p.stat().st_mtime_ns for p in reports]
+  again = run_experiment(*common)
+  assert again.returncode == 0, again.stderr
+  assert again.stderr.count("skipping training") == 2
+  assert [p.stat().st_mtime_ns for p in reports] == stamps  # nothing evaluated twice
