@@ -35,10 +35,25 @@ HYPER_COLUMNS = {
 
 
 def trained_steps(workdir: Path) -> int:
-  """The step of the run's last complete checkpoint (0 if none): a run is done at train.steps."""
-  if not (workdir / checkpoints.CHECKPOINT_DIR).is_dir():
-    return 0
-  return checkpoints.manager(workdir, read_only=True).latest_step() or 0
+  """The step of the run's last complete checkpoint (0 if none): a run is done at train.steps.
+
+  Orbax writes a checkpoint under a temporary name and renames it to its step when complete, so the
+  folders named by a number are the complete ones.
+  """
+  folder = workdir / checkpoints.CHECKPOINT_DIR
+  steps = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
+  return max(steps, default=0)
+
+
+def training_seconds(train_records: Sequence[dict[str, Any]]) -> float:
+  """Wall time spent training, over every process that trained the run (interrupted ones included, up
+  to their last progress line): each process's `elapsed` restarts from 0, so sum each one's last."""
+  total, last = 0.0, 0.0
+  for record in train_records:
+    if record["elapsed"] < last:  # a new process took over
+      total += last
+    last = record["elapsed"]
+  return total + last
 
 
 def _report(path: Path) -> dict[str, Any] | None:
@@ -58,7 +73,7 @@ def collect(grid: Grid, runs: Sequence[Any], test_set_files: dict[str, dict]) ->
     row["params"] = summaries[-1]["parameters"] if summaries else analytic_param_count(model)
     row["steps_done"] = trained_steps(run.workdir)
     row["finished"] = row["steps_done"] >= cfg.train.steps
-    row["train_sec"] = round(sum(s["train_time_sec"] for s in summaries), 1)
+    row["train_sec"] = round(training_seconds(read_metrics(run.workdir, "train")), 1)
     evals = {r["step"]: r for r in read_metrics(run.workdir, "eval")}  # a resumed step: the last
     final = evals.get(row["steps_done"])
     row["dev_ppl"] = final["perplexity"] if final else None

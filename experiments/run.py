@@ -89,10 +89,11 @@ def plan(grid: Grid, base: ml_collections.ConfigDict, base_args: list[str], seed
                f"--workdir={workdir}"]
       step = cfg.train.steps
       evals = [(workdir / "eval" / f"{cfg.data.eval_split}_step{step}.json",
-                ["transformer-eval", f"--workdir={workdir}", f"--split={cfg.data.eval_split}"])]
+                ["transformer-eval", f"--workdir={workdir}", f"--step={step}",
+                 f"--split={cfg.data.eval_split}"])]
       for name, files in test_set_files.items():
         evals.append((workdir / "eval" / f"{Path(files['source_file']).stem}_step{step}.json",
-                      ["transformer-eval", f"--workdir={workdir}",
+                      ["transformer-eval", f"--workdir={workdir}", f"--step={step}",
                        f"--source_file={files['source_file']}",
                        f"--reference_file={files['reference_file']}"]))
       runs.append(Run(variant, seed, workdir, cfg, train, evals))

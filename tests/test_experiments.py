@@ -66,6 +66,12 @@ def test_bad_variants_and_grids_are_named():
     load_grid("table4")
 
 
+def test_the_example_grid_is_valid_on_the_default_config():
+  grid = load_grid(str(REPO / "experiments/example_grid.py"))
+  for variant in grid.variants:
+    variant_config(load_config(REPO / "configs/multi30k.py"), variant, 0)
+
+
 def test_a_grid_file_is_loaded_and_checked(tmp_path):
   good = tmp_path / "warmup.py"
   good.write_text("from experiments.grids import Grid, Variant\n"
@@ -93,6 +99,8 @@ def test_commands_carry_the_base_overrides_variant_and_seed(tmp_path):
   learned = runs[3]
   assert learned.train == ["transformer-train", *args, "--config.model.positional=learned",
                            "--config.seed=1", f"--workdir={tmp_path}/learned/seed1"]
+  assert learned.evals[0][1] == ["transformer-eval", f"--workdir={tmp_path}/learned/seed1",
+                                 "--step=100000", "--split=validation"]
   assert learned.evals[1][1][-2:] == ["--source_file=x/long.en", "--reference_file=x/long.de"]
   assert learned.evals[1][0] == tmp_path / "learned/seed1/eval/long_step100000.json"
 
@@ -164,6 +172,19 @@ def test_table_reports_mean_and_sample_std_and_blanks_unchanged_settings():
   assert base[header.index("PPL (dev)")] == f"{ppl_mean:.2f} ± {ppl_std:.2f}"
   assert learned[header.index("BLEU (dev)")] == "30.00 ± 1.00"
   assert base[header.index("seeds")] == "3/3"
+
+
+def test_training_time_adds_up_every_process_that_trained_the_run():
+  records = [{"elapsed": e} for e in (10.0, 20.0, 25.0, 5.0, 15.0, 3.0)]  # two restarts
+  assert results.training_seconds(records) == 25.0 + 15.0 + 3.0
+  assert results.training_seconds([]) == 0.0
+
+
+def test_finished_steps_ignore_checkpoints_still_being_written(tmp_path):
+  assert results.trained_steps(tmp_path) == 0
+  for name in ("3", "6", "9.orbax-checkpoint-tmp-123"):
+    (tmp_path / "checkpoints" / name).mkdir(parents=True)
+  assert results.trained_steps(tmp_path) == 6
 
 
 def test_plots_are_written(tmp_path):
