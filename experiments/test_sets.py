@@ -2,7 +2,7 @@
 
 'long' tests the paper's argument for sinusoids (Section 3.5: they "may allow the model to extrapolate
 to sequence lengths longer than the ones encountered during training"): consecutive sentence pairs of
-the dev split are joined, source to source and reference to reference, until the joined source is
+the dev split are joined into one sentence each side (", and" / ", und"), until the joined source is
 longer (in subword tokens, EOS included) than the longest source the training run keeps. Every long
 source is then beyond every position a learned table was trained on. Joined sources longer than
 `data.max_len` are left out, since evaluation truncates there.
@@ -38,21 +38,41 @@ def longest_training_source(cfg: ml_collections.ConfigDict, vocab: spm.SentenceP
   return longest
 
 
+# Clauses are joined into one sentence with a comma and the language's "and": joined with plain
+# spaces, a model trained on single sentences translates the first and stops, and the set would measure
+# that rather than positions.
+CONJUNCTIONS = {"en": "and", "de": "und", "fr": "et", "cs": "a", "es": "y", "it": "e", "ro": "și"}
+
+
+def join_clauses(parts: list[str], lang: str) -> str:
+  """'A man sits.' + 'A dog runs.' -> 'A man sits, and a dog runs.': final punctuation of all but the
+  last part dropped; later parts lower-cased at their first letter, except in German (nouns)."""
+  conjunction = CONJUNCTIONS.get(lang)
+  if conjunction is None:
+    return " ".join(p.strip() for p in parts)
+  clauses = [p.strip() for p in parts]
+  clauses = [c.rstrip(".!?;,").rstrip() for c in clauses[:-1]] + clauses[-1:]
+  if lang != "de":
+    clauses = clauses[:1] + [c[:1].lower() + c[1:] for c in clauses[1:]]
+  return f", {conjunction} ".join(clauses)
+
+
 def join_until_longer(source: list[str], target: list[str], vocab: spm.SentencePieceProcessor,
-                      longer_than: int, max_len: int) -> tuple[list[str], list[str]]:
+                      longer_than: int, max_len: int, src_lang: str = "",
+                      tgt_lang: str = "") -> tuple[list[str], list[str]]:
   """Joins consecutive pairs until the source exceeds `longer_than` tokens; drops those over max_len."""
   long_source, long_target = [], []
   parts_src: list[str] = []
   parts_tgt: list[str] = []
   for s, t in zip(source, target):
-    parts_src.append(s.strip())
-    parts_tgt.append(t.strip())
-    joined = " ".join(parts_src)
+    parts_src.append(s)
+    parts_tgt.append(t)
+    joined = join_clauses(parts_src, src_lang)
     length = len(vocab.encode(joined)) + 1
     if length > longer_than:
       if length <= max_len:
         long_source.append(joined)
-        long_target.append(" ".join(parts_tgt))
+        long_target.append(join_clauses(parts_tgt, tgt_lang))
       parts_src, parts_tgt = [], []
   return long_source, long_target
 
@@ -66,12 +86,13 @@ def long_sentences(cfg: ml_collections.ConfigDict, vocab: spm.SentencePieceProce
                      "so a longer test sentence would be truncated at evaluation; lower data.max_len "
                      "(e.g. --base.data.max_len=64) to test length extrapolation")
   dev = sources.load_split(cfg.data, cfg.data.eval_split)
-  source, target = join_until_longer(dev.source, dev.target, vocab, longest, cfg.data.max_len)
+  source, target = join_until_longer(dev.source, dev.target, vocab, longest, cfg.data.max_len,
+                                     cfg.data.src_lang, cfg.data.tgt_lang)
   if not source:
     raise ValueError(f"no joined dev sentences fit between {longest} and {cfg.data.max_len} tokens")
   lengths = np.array([len(ids) + 1 for ids in vocab.encode(source)])
-  info = {"name": "long", "how": "consecutive dev pairs joined until the source is longer than the "
-                                 "longest training source",
+  info = {"name": "long", "how": "consecutive dev pairs joined into one sentence (', and' / ', und') "
+                                 "until the source is longer than the longest training source",
           "dev_split": cfg.data.eval_split, "longest_training_source_tokens": longest,
           "sentences": len(source), "source_tokens_min": int(lengths.min()),
           "source_tokens_mean": round(float(lengths.mean()), 1),

@@ -128,6 +128,17 @@ def test_long_sentences_join_consecutive_pairs_past_the_training_length():
     position = first + len(parts)
 
 
+def test_joined_pairs_read_as_one_sentence_each_side():
+  assert test_sets.join_clauses(["A man sits.", "Two dogs run!", "A cat sleeps."], "en") == \
+      "A man sits, and two dogs run, and a cat sleeps."
+  assert test_sets.join_clauses(["Ein Mann sitzt.", "Männer laufen."], "de") == \
+      "Ein Mann sitzt, und Männer laufen."  # German nouns keep their capital
+  assert test_sets.join_clauses(["a.", "b"], "xx") == "a. b"  # no conjunction known: spaces
+  source, target = test_sets.join_until_longer(["A man sits.", "A dog runs."], ["Ein Mann sitzt.",
+                                               "Ein Hund läuft."], WordVocab(), 4, 20, "en", "de")
+  assert (source, target) == (["A man sits, and a dog runs."], ["Ein Mann sitzt, und Ein Hund läuft."])
+
+
 def test_long_set_needs_room_below_max_len(tmp_path):
   cfg = tiny_run_config(tmp_path)
   cfg.data.max_len = 4  # every training source is longer: nothing is kept below it
