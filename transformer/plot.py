@@ -34,15 +34,8 @@ def curves_by_group(groups: Mapping[str, Sequence[Curve]], path: Path, xlabel: s
       mean = [np.mean([dict(c)[x] for c in curves]) for x in common]
       ax.plot(common, mean, color=colour, linewidth=2, label=f"{name} (n={len(curves)})")
   ax.set_xlabel(xlabel)
-  ax.set_ylabel(ylabel)
-  ax.set_title(title)
   ax.grid(alpha=0.3)
-  if groups:
-    ax.legend(fontsize="small")
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  return _save(fig, ax, path, ylabel, title, legend=bool(groups))
 
 
 def bars_with_error(values: Mapping[str, Mapping[str, Sequence[float]]], path: Path, ylabel: str,
@@ -66,10 +59,14 @@ def bars_with_error(values: Mapping[str, Mapping[str, Sequence[float]]], path: P
     ax.bar_label(bars, labels=[f"{m:.1f}" for m in means], fontsize="small", padding=2)
   ax.set_xticks(range(len(groups)), groups, rotation=30 if len(groups) > 6 else 0, ha="right"
                 if len(groups) > 6 else "center")
+  ax.grid(axis="y", alpha=0.3)
+  return _save(fig, ax, path, ylabel, title, legend=bool(series))
+
+
+def _save(fig, ax, path: Path, ylabel: str, title: str, legend: bool) -> Path:
   ax.set_ylabel(ylabel)
   ax.set_title(title)
-  ax.grid(axis="y", alpha=0.3)
-  if series:
+  if legend:
     ax.legend(fontsize="small")
   fig.tight_layout()
   fig.savefig(path, dpi=120)
