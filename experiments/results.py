@@ -1,8 +1,8 @@
 """Collect an experiment's runs into results.csv, a Table-3-style results.md and two plots.
 
 Everything is read back from what the programs wrote in each workdir: config.json, the last
-checkpoint's step, metrics.jsonl ('eval' records for dev perplexity and the loss curve, 'summary'
-records for parameters and training time) and transformer-eval's JSON reports for BLEU.
+checkpoint's step, metrics.jsonl ('eval' records for dev perplexity and the loss curve, 'train'
+records for training time, 'summary' for parameters) and transformer-eval's JSON reports for BLEU.
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ def _report(path: Path) -> dict[str, Any] | None:
   return json.loads(path.read_text()) if path.is_file() else None
 
 
-def collect(grid: Grid, runs: Sequence[Any], test_set_files: dict[str, dict]) -> list[dict[str, Any]]:
-  """One record per run: its settings and whatever results exist (None where missing)."""
+def collect(runs: Sequence[Any]) -> list[dict[str, Any]]:
+  """One record per run (experiments.run.Run): its settings and whatever results exist (None where
+  missing)."""
   rows = []
   for run in runs:
     cfg = run.config
@@ -69,19 +70,18 @@ def collect(grid: Grid, runs: Sequence[Any], test_set_files: dict[str, dict]) ->
     row: dict[str, Any] = {"variant": run.variant.name, "row": run.variant.row, "seed": run.seed,
                            "workdir": str(run.workdir)}
     row.update({name: read(cfg, model) for name, read in HYPER_COLUMNS.items()})
-    summaries = read_metrics(run.workdir, "summary")
+    records = read_metrics(run.workdir)
+    summaries = [r for r in records if r["event"] == "summary"]
     row["params"] = summaries[-1]["parameters"] if summaries else analytic_param_count(model)
     row["steps_done"] = trained_steps(run.workdir)
     row["finished"] = row["steps_done"] >= cfg.train.steps
-    row["train_sec"] = round(training_seconds(read_metrics(run.workdir, "train")), 1)
-    evals = {r["step"]: r for r in read_metrics(run.workdir, "eval")}  # a resumed step: the last
+    row["train_sec"] = round(training_seconds([r for r in records if r["event"] == "train"]), 1)
+    evals = {r["step"]: r for r in records if r["event"] == "eval"}  # a resumed step: the last
     final = evals.get(row["steps_done"])
     row["dev_ppl"] = final["perplexity"] if final else None
     row["dev_nll_curve"] = [(step, evals[step]["nll"]) for step in sorted(evals)]
-    reports = {"dev": run.evals[0][0]}
-    reports.update({name: report for name, (report, _) in zip(test_set_files, run.evals[1:])})
     eval_sec = 0.0
-    for name, path in reports.items():
+    for name, (path, _) in run.evals.items():
       report = _report(path)
       row[f"{name}_bleu"] = report["sacrebleu"]["bleu"] if report else None
       row[f"{name}_tokenized_bleu"] = report["tokenized_bleu"]["bleu"] if report else None

@@ -32,6 +32,7 @@ from ml_collections import config_flags
 
 from experiments import results, test_sets
 from experiments.grids import Grid, Variant, load_grid
+from transformer import evaluate
 from transformer.cli import run_program
 from transformer.config import ConfigError, validate
 from transformer.metrics import format_duration
@@ -48,7 +49,7 @@ class Run:
   workdir: Path
   config: ml_collections.ConfigDict
   train: list[str]
-  evals: list[tuple[Path, list[str]]]  # (report it writes, command)
+  evals: dict[str, tuple[Path, list[str]]]  # test set ('dev', 'long', ...) -> (report, command)
 
   @property
   def label(self) -> str:
@@ -88,14 +89,16 @@ def plan(grid: Grid, base: ml_collections.ConfigDict, base_args: list[str], seed
       train = ["transformer-train", *base_args, *overrides, f"--config.seed={seed}",
                f"--workdir={workdir}"]
       step = cfg.train.steps
-      evals = [(workdir / "eval" / f"{cfg.data.eval_split}_step{step}.json",
-                ["transformer-eval", f"--workdir={workdir}", f"--step={step}",
-                 f"--split={cfg.data.eval_split}"])]
+      split = cfg.data.eval_split
+      evals = {"dev": (evaluate.report_path(workdir, split, step),
+                       ["transformer-eval", f"--workdir={workdir}", f"--step={step}",
+                        f"--split={split}"])}
       for name, files in test_set_files.items():
-        evals.append((workdir / "eval" / f"{Path(files['source_file']).stem}_step{step}.json",
-                      ["transformer-eval", f"--workdir={workdir}", f"--step={step}",
-                       f"--source_file={files['source_file']}",
-                       f"--reference_file={files['reference_file']}"]))
+        report = evaluate.report_path(workdir, evaluate.test_set_name(None, files["source_file"]),
+                                      step)
+        evals[name] = (report, ["transformer-eval", f"--workdir={workdir}", f"--step={step}",
+                                f"--source_file={files['source_file']}",
+                                f"--reference_file={files['reference_file']}"])
       runs.append(Run(variant, seed, workdir, cfg, train, evals))
   return runs
 
@@ -135,7 +138,7 @@ def run_all(runs: list[Run]) -> list[str]:
         log.error("%s", failures[-1])
         continue
       log.info("%s: trained in %s", prefix, format_duration(time.time() - t))
-    for report, command in run.evals:
+    for report, command in run.evals.values():
       if report.is_file():
         continue
       log.info("%s: evaluating -> %s", prefix, report.name)
@@ -180,12 +183,12 @@ def main(argv: list[str]) -> None:
   runs = plan(grid, base, base_arguments(sys.argv), seeds, root, files)
   if FLAGS.print_commands:
     for run in runs:
-      print(" && ".join(shlex.join(c) for c in [run.train] + [c for _, c in run.evals]))
+      print(" && ".join(shlex.join(c) for c in [run.train] + [c for _, c in run.evals.values()]))
     return
   log.info("Experiment %s: %d variants x %d seeds = %d runs in %s", grid.name, len(grid.variants),
            len(seeds), len(runs), root)
   failures = [] if FLAGS.collect_only else run_all(runs)
-  table = results.collect(grid, runs, files)
+  table = results.collect(runs)
   written = results.write(table, grid, root)
   log.info("Wrote %s", ", ".join(str(p) for p in written))
   print((root / "results.md").read_text())

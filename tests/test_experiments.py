@@ -99,10 +99,11 @@ def test_commands_carry_the_base_overrides_variant_and_seed(tmp_path):
   learned = runs[3]
   assert learned.train == ["transformer-train", *args, "--config.model.positional=learned",
                            "--config.seed=1", f"--workdir={tmp_path}/learned/seed1"]
-  assert learned.evals[0][1] == ["transformer-eval", f"--workdir={tmp_path}/learned/seed1",
-                                 "--step=100000", "--split=validation"]
-  assert learned.evals[1][1][-2:] == ["--source_file=x/long.en", "--reference_file=x/long.de"]
-  assert learned.evals[1][0] == tmp_path / "learned/seed1/eval/long_step100000.json"
+  assert learned.evals["dev"] == (tmp_path / "learned/seed1/eval/validation_step100000.json",
+                                  ["transformer-eval", f"--workdir={tmp_path}/learned/seed1",
+                                   "--step=100000", "--split=validation"])
+  assert learned.evals["long"][1][-2:] == ["--source_file=x/long.en", "--reference_file=x/long.de"]
+  assert learned.evals["long"][0] == tmp_path / "learned/seed1/eval/long_step100000.json"
 
 
 class WordVocab:

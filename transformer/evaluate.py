@@ -139,6 +139,17 @@ def decode_settings(cfg: ml_collections.ConfigDict, beam_size: int | None, alpha
   return settings
 
 
+def test_set_name(split: str | None, source_file: str | None) -> str:
+  """What reports call an evaluation set: the file's stem ('long' for long.en), else the split."""
+  return Path(source_file).stem if source_file else split
+
+
+def report_path(workdir: str | Path, test_set: str, step: int, averaged: int = 1) -> Path:
+  """WORKDIR/eval/<test set>_step<N>[_avg<K>].json; the hypotheses sit beside it as .hyp.txt."""
+  stem = f"{test_set}_step{step}" + (f"_avg{averaged}" if averaged > 1 else "")
+  return Path(workdir) / "eval" / f"{stem}.json"
+
+
 def evaluate(workdir: str, step: int | None = None, split: str | None = None,
              source_file: str | None = None, reference_file: str | None = None,
              beam_size: int | None = None, alpha: float | None = None,
@@ -151,7 +162,7 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
   settings = decode_settings(cfg, beam_size, alpha, max_extra_len)
   if source_file:
     text = sources.read_parallel(source_file, reference_file)
-    name = Path(source_file).stem
+    name = test_set_name(split, source_file)
   else:
     split = split or cfg.data.eval_split
     text = sources.load_split(cfg.data, split)
@@ -177,15 +188,15 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
             "source": text.name, "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}",
             "sacrebleu": score, "tokenized_bleu": paper_score, "decode": settings, **stats,
             "total_sec": time.time() - t}
-  out_dir = Path(workdir) / "eval"
-  out_dir.mkdir(exist_ok=True)
-  stem = f"{name}_step{step}" + (f"_avg{len(steps)}" if len(steps) > 1 else "")
-  (out_dir / f"{stem}.hyp.txt").write_text("".join(h + "\n" for h in hypotheses))
-  (out_dir / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+  json_path = report_path(workdir, name, step, len(steps))
+  hyp_path = json_path.with_suffix(".hyp.txt")
+  json_path.parent.mkdir(exist_ok=True)
+  hyp_path.write_text("".join(h + "\n" for h in hypotheses))
+  json_path.write_text(json.dumps(report, indent=2) + "\n")
   MetricWriter(workdir).write("bleu", step, test_set=name, averaged=len(steps), bleu=score["bleu"],
                               tokenized_bleu=paper_score["bleu"], signature=score["signature"],
                               **settings)
-  report["files"] = [str(out_dir / f"{stem}.hyp.txt"), str(out_dir / f"{stem}.json")]
+  report["files"] = [str(hyp_path), str(json_path)]
   return report
 
 
