@@ -1,12 +1,11 @@
 """Shared fixtures: a tiny model and a tiny run config that compile and train in seconds on a CPU."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from transformer.config import base_config
-from transformer.model import EOS_ID, ModelConfig, Transformer
+from transformer.model import EOS_ID, ModelConfig, Transformer, initial_params
 
 
 def tiny_model_config(**overrides) -> ModelConfig:
@@ -18,8 +17,7 @@ def tiny_model_config(**overrides) -> ModelConfig:
 
 def init_params(model: Transformer, seed: int = 0, scale: float = 1.0):
   """Random parameters; `scale` > 1 sharpens the output distributions (more decisive decoding)."""
-  dummy = jnp.ones((1, 4), jnp.int32)
-  params = model.init(jax.random.PRNGKey(seed), dummy, dummy)["params"]
+  params = initial_params(model, jax.random.PRNGKey(seed))
   return jax.tree.map(lambda x: x * scale, params)
 
 
@@ -62,6 +60,14 @@ def tiny_run_config(tmp_path, train_lines: int = 300, eval_lines: int = 40):
   c.train.keep_checkpoints = 2
   c.decode.max_extra_len = 5
   return c
+
+
+def cli_overrides(cfg, **changes):
+  """`--config.section.key=value` flags that reproduce the tiny run config on the command line."""
+  values = {f"{section}.{key}": cfg[section][key] for section in ("model", "data", "train", "decode")
+            for key in cfg[section] if not isinstance(cfg[section][key], str) or cfg[section][key]}
+  values.update(changes)
+  return [f"--config.{k}={v}" for k, v in values.items()]
 
 
 @pytest.fixture

@@ -5,14 +5,15 @@ import math
 import pytest
 from conftest import tiny_run_config
 
-from transformer.benchmark import benchmark, benchmark_input
+from transformer.benchmark import benchmark, benchmark_input, spread, table_peak
 from transformer.info import training_flops_per_target_token
 from transformer.model import ModelConfig
 
 
 def test_benchmark_reports_consistent_figures(tmp_path):
   cfg = tiny_run_config(tmp_path)
-  result = benchmark(cfg, batch_tokens=100, seq_len=8, steps=2, warmup=0)
+  result = benchmark(cfg, batch_tokens=100, seq_len=8, steps=2, warmup=0, decode_batches=1,
+                     peak_tflops=2.0)
   assert result["rows"] == 12 and result["target_tokens_per_step"] == 96
   assert result["target_tokens_per_sec"] == pytest.approx(96 / result["step_sec_median"])
   flops = training_flops_per_target_token(
@@ -20,6 +21,31 @@ def test_benchmark_reports_consistent_figures(tmp_path):
   assert result["analytic_tflops_per_sec"] == pytest.approx(flops / result["step_sec_median"] / 1e12)
   assert result["step_sec_min"] <= result["step_sec_median"] <= result["step_sec_max"]
   assert math.isfinite(result["loss"]) and result["backend"] == "cpu"
+  assert result["flops_per_step"] == pytest.approx(flops)
+  assert result["mfu"] == pytest.approx(result["analytic_tflops_per_sec"] / 2.0)
+  assert result["floor_step_sec"] == pytest.approx(flops / 2e12)
+  assert result["peak_source"] == "--peak_tflops"
+  # beam search: the evaluation batch (decode.tokens_per_batch 4096 / 8 tokens), 8 + 5 output tokens
+  assert result["decode_rows"] == 512 and result["decode_len"] == 13
+  assert 1 <= result["decode_mean_output_len"] <= 13
+  assert result["decode_sentences_per_sec"] == pytest.approx(512 / result["decode_batch_sec_median"])
+  assert result["peak_memory_bytes"] is None  # the CPU backend keeps no memory statistics
+
+
+def test_the_peak_table_matches_device_kinds_by_longest_prefix():
+  assert table_peak("NVIDIA H100 80GB HBM3") == 989.0
+  assert table_peak("NVIDIA H100 PCIe") == 756.0
+  assert table_peak("NVIDIA A100-SXM4-80GB") == 312.0
+  assert table_peak("TPU v5 lite") == 197.0 and table_peak("TPU v5p") == 459.0
+  assert table_peak("cpu") is None
+
+
+def test_step_time_spread_against_numpy():
+  times = [1.0, 2.0, 3.0, 4.0, 10.0]
+  result = spread(times)
+  assert result["median"] == 3.0 and result["min"] == 1.0 and result["max"] == 10.0
+  assert result["p10"] == pytest.approx(1.4) and result["p90"] == pytest.approx(7.6)
+  assert result["spread_pct"] == pytest.approx(100 * 6.2 / 3.0)
 
 
 def test_input_pipeline_benchmark_counts_real_tokens(tmp_path):

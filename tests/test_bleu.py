@@ -4,10 +4,14 @@ import collections
 import math
 
 import pytest
-
 from sacrebleu.metrics import BLEU
 
-from transformer.bleu import compound_split, paper_tokenize, sacrebleu_score, tokenized_bleu
+from transformer.bleu import (
+  compound_split,
+  paper_tokenize,
+  sacrebleu_score,
+  tokenized_bleu,
+)
 
 
 def reference_bleu(hypotheses, references):

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import tiny_run_config
+from conftest import cli_overrides, tiny_run_config
 
 from transformer.evaluate import evaluate
 from transformer.metrics import read_metrics
@@ -21,14 +21,6 @@ def run_cli(module, *args, devices=1, input_text=None):
              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
   return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, input=input_text,
                         capture_output=True, text=True, timeout=600)
-
-
-def cli_overrides(cfg, **changes):
-  """`--config.section.key=value` flags that reproduce the tiny run config on the command line."""
-  values = {f"{section}.{key}": cfg[section][key] for section in ("model", "data", "train", "decode")
-            for key in cfg[section] if not isinstance(cfg[section][key], str) or cfg[section][key]}
-  values.update(changes)
-  return [f"--config.{k}={v}" for k, v in values.items()]
 
 
 def test_train_resume_and_evaluate(tmp_path):

@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from conftest import tiny_run_config
+
 from transformer import checkpoints
 from transformer.metrics import read_metrics
 from transformer.train import train_and_evaluate

@@ -1,34 +1,46 @@
-"""Training-step throughput on the current backend, and input-pipeline throughput on the host.
+"""Training and decoding speed on the current backend, and input-pipeline throughput on the host.
 
-    python -m transformer.benchmark --config=configs/wmt14_ende.py:base --batch_tokens=25000
-    python -m transformer.benchmark --config=configs/multi30k.py --input_pipeline --batches=200
+    transformer-benchmark --config=configs/wmt14_ende.py:base --batch_tokens=25000 --output=b.json
+    transformer-benchmark --config=configs/multi30k.py --input_pipeline --batches=200
 
-Compiles the real train step once, then times `--steps` steps (after `--warmup` untimed ones) on a
-batch of `--batch_tokens` target tokens (rows of `--seq_len` tokens, no padding; the same number of
-source tokens), and prints one JSON object: target tokens/s, step time (median, min, max) and the
-analytic training TFLOP/s (info.training_flops_per_target_token). With --input_pipeline it instead
-runs the config's real training input pipeline (read, tokenize, filter, batch; no device work) for
-`--batches` batches and reports the tokens per second it can produce, to compare with what the train
-step consumes. Timings live here, never in tests.
+Compiles the real train step once (the one training runs, on the config's mesh), then times `--steps`
+steps (after `--warmup` untimed ones) on a synthetic batch of `--batch_tokens` target tokens (rows
+of `--seq_len` tokens, no padding; as many source tokens), and times beam search (the evaluation
+program's search, `decode.*` settings) on `--decode_batches` batches of the evaluation batch size.
+Prints one JSON object (and writes it to `--output`): target tokens/s, step time (median, spread),
+analytic training FLOPs per step (info.training_flops_per_target_token), MFU against the device's
+peak (PEAK_TFLOPS, `--peak_tflops`, or a measured matmul with `--measure_peak`), decode sentences/s
+and peak device memory where the backend reports it. With --input_pipeline it instead runs the
+config's real training input pipeline (read, tokenize, filter, batch; no device work) for
+`--batches` batches and reports the tokens per second it can produce. Timings live here, never in
+tests. docs/performance.md holds the figures measured with it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
+import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import partitioning
-from transformer.cli import run_program
+from transformer import decode, partitioning
+from transformer.cli import (
+  define_distributed_flags,
+  initialize_distributed,
+  run_program,
+)
 from transformer.config import validate
 from transformer.info import training_flops_per_target_token
 from transformer.model import EOS_ID, ModelConfig, Transformer
@@ -36,42 +48,164 @@ from transformer.train import jit_train_fns, prepare_data
 
 FLAGS = flags.FLAGS
 
+# Dense bf16 peak TFLOP/s per JAX device (vendor data sheets, no sparsity). TPU v2/v3 devices are
+# single cores (half a chip); later TPUs are whole chips. Matched as a prefix of device_kind.
+PEAK_TFLOPS = {
+    "NVIDIA H200": 989.0,
+    "NVIDIA H100 80GB HBM3": 989.0,   # SXM
+    "NVIDIA H100 PCIe": 756.0,
+    "NVIDIA H100 NVL": 835.0,
+    "NVIDIA A100": 312.0,
+    "NVIDIA A10G": 125.0,   # ~ the L4/A10 class; check your card's sheet
+    "NVIDIA L4": 121.0,
+    "NVIDIA RTX 6000 Ada": 364.0,
+    "Tesla V100": 125.0,    # fp16 tensor cores: V100 has no bf16
+    "Tesla P100": 21.2,     # fp16
+    "TPU v2": 22.5,
+    "TPU v3": 61.5,
+    "TPU v4": 275.0,
+    "TPU v5 lite": 197.0,   # v5e
+    "TPU v5": 459.0,        # v5p
+    "TPU v6 lite": 918.0,   # v6e (Trillium)
+}
 
-def benchmark(cfg, batch_tokens: int, seq_len: int, steps: int, warmup: int) -> dict:
+
+def table_peak(device_kind: str) -> float | None:
+  """The bf16 peak of `device_kind` from PEAK_TFLOPS (longest matching prefix), or None."""
+  matches = [k for k in PEAK_TFLOPS if device_kind.startswith(k)]
+  return PEAK_TFLOPS[max(matches, key=len)] if matches else None
+
+
+def measure_peak_tflops(dtype: Any, size: int = 4096, repeats: int = 10) -> float:
+  """TFLOP/s of a large square matmul in `dtype` on one device: an achievable peak."""
+  x = jnp.ones((size, size), dtype)
+  matmul = jax.jit(lambda a: a @ a)
+  matmul(x).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    matmul(x).block_until_ready()
+    times.append(time.perf_counter() - t)
+  return 2 * size ** 3 / statistics.median(times) / 1e12
+
+
+def peak_memory_bytes() -> int | None:
+  """The most device memory in use at any time, summed over local devices (None on CPU)."""
+  stats = [d.memory_stats() for d in jax.local_devices()]
+  if any(s is None or "peak_bytes_in_use" not in s for s in stats):
+    return None
+  return sum(s["peak_bytes_in_use"] for s in stats)
+
+
+def timed(fn, repeats: int) -> list[float]:
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t)
+  return times
+
+
+def spread(times: list[float]) -> dict[str, float]:
+  """Median, extremes, 10th/90th percentiles and the relative p10-p90 spread of step times."""
+  p10, p90 = np.percentile(times, [10, 90])
+  median = statistics.median(times)
+  return {"median": median, "min": min(times), "max": max(times), "p10": float(p10),
+          "p90": float(p90), "spread_pct": 100 * float(p90 - p10) / median}
+
+
+def synthetic_tokens(rows: int, length: int, vocab_size: int, seed: int = 0) -> np.ndarray:
+  """Full-length rows of random non-special ids ending in EOS."""
+  tokens = np.random.default_rng(seed).integers(4, vocab_size, (rows, length)).astype(np.int32)
+  tokens[:, -1] = EOS_ID
+  return tokens
+
+
+def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int, seq_len: int, steps: int,
+              warmup: int, decode_batches: int = 0, peak_tflops: float | None = None,
+              measure_peak: bool = False) -> dict[str, Any]:
+  """Times training steps (and beam search if `decode_batches`); returns the figures as a dict."""
   validate(cfg)
-  mesh = partitioning.data_mesh()
+  mesh = partitioning.make_mesh(cfg, cfg.data.vocab_size)
   config = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
   model = Transformer(config)
-  init, step_fn = jit_train_fns(cfg, model, mesh)
-  state = init(jax.random.PRNGKey(0))
-  rows = max(mesh.size, batch_tokens // seq_len // mesh.size * mesh.size)
-  rng = np.random.default_rng(0)
-  tokens = rng.integers(4, config.vocab_size, (2, rows, seq_len)).astype(np.int32)
-  tokens[:, :, -1] = EOS_ID
-  batch = partitioning.shard_batch({"src": tokens[0], "tgt": tokens[1]}, mesh)
+  fns = jit_train_fns(cfg, model, mesh)
+  state = fns.init(jax.random.PRNGKey(0))
+  multiple = mesh.size * cfg.train.grad_accum_steps
+  rows = max(multiple, batch_tokens // seq_len // multiple * multiple)
+  batch = partitioning.shard_batch({"src": synthetic_tokens(rows, seq_len, config.vocab_size, 0),
+                                    "tgt": synthetic_tokens(rows, seq_len, config.vocab_size, 1)},
+                                   mesh)
   dropout_rng = jax.random.key(1, impl=cfg.train.dropout_rng)
-  t = time.perf_counter()
-  state, sums = step_fn(state, batch, dropout_rng)
-  jax.block_until_ready(sums)
-  compile_sec = time.perf_counter() - t
-  for _ in range(warmup):
-    state, sums = step_fn(state, batch, dropout_rng)
-  jax.block_until_ready(sums)
-  times = []
-  for _ in range(steps):
-    t = time.perf_counter()
-    state, sums = step_fn(state, batch, dropout_rng)
-    jax.block_until_ready(sums)
-    times.append(time.perf_counter() - t)
-  median = statistics.median(times)
-  flops = training_flops_per_target_token(config, seq_len, seq_len) * rows * seq_len
-  return {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
-          "devices": mesh.size, "dtype": cfg.model.dtype, "rows": rows, "seq_len": seq_len,
-          "target_tokens_per_step": rows * seq_len, "compile_sec": round(compile_sec, 2),
-          "step_sec_median": median, "step_sec_min": min(times), "step_sec_max": max(times),
-          "target_tokens_per_sec": rows * seq_len / median,
-          "analytic_tflops_per_sec": flops / median / 1e12,
-          "loss": float(sums["loss"] / sums["tokens"])}
+  holder = {"state": state}
+
+  def one_step():
+    holder["state"], sums = fns.step(holder["state"], batch, dropout_rng)
+    holder["sums"] = sums
+    return sums
+
+  compile_sec = timed(one_step, 1)[0]  # compilation and the first step
+  timed(one_step, warmup)
+  times = spread(timed(one_step, steps))
+  sums = jax.device_get(holder["sums"])
+  tokens_per_step = rows * seq_len
+  flops_per_step = training_flops_per_target_token(config, seq_len, seq_len) * tokens_per_step
+  device_kind = jax.devices()[0].device_kind
+  peak, peak_source = peak_tflops, "--peak_tflops"
+  if peak is None and measure_peak:
+    peak, peak_source = measure_peak_tflops(config.dtype), f"measured {config.dtype.name} matmul"
+  if peak is None:
+    peak, peak_source = table_peak(device_kind), f"table ({device_kind}, bf16 dense)"
+  achieved = flops_per_step / times["median"] / 1e12
+  result = {
+      "backend": jax.default_backend(), "device": device_kind, "devices": mesh.size,
+      "processes": jax.process_count(), "mesh": dict(mesh.shape), "dtype": cfg.model.dtype,
+      "attention": cfg.model.attention, "remat": cfg.model.remat,
+      "scan_layers": cfg.model.scan_layers, "grad_accum_steps": cfg.train.grad_accum_steps,
+      "parameters": sum(x.size for x in jax.tree.leaves(holder["state"].params)),
+      "rows": rows, "seq_len": seq_len, "target_tokens_per_step": tokens_per_step,
+      "compile_sec": round(compile_sec, 2),
+      "step_sec_median": times["median"], "step_sec_min": times["min"],
+      "step_sec_max": times["max"], "step_sec_p10": times["p10"], "step_sec_p90": times["p90"],
+      "step_spread_pct": times["spread_pct"],
+      "target_tokens_per_sec": tokens_per_step / times["median"],
+      "flops_per_step": flops_per_step, "analytic_tflops_per_sec": achieved,
+      "peak_tflops_per_device": peak, "peak_source": peak_source if peak else None,
+      "mfu": achieved / (peak * mesh.size) if peak else None,
+      "floor_step_sec": flops_per_step / (peak * mesh.size * 1e12) if peak else None,
+      "loss": float(sums["loss"] / sums["tokens"]),
+  }
+  if decode_batches:
+    result.update(benchmark_decode(cfg, model, holder["state"].params, seq_len, decode_batches,
+                                   mesh))
+  result["peak_memory_bytes"] = peak_memory_bytes()
+  return result
+
+
+def benchmark_decode(cfg: ml_collections.ConfigDict, model: Transformer, params: Any, seq_len: int,
+                     batches: int, mesh: jax.sharding.Mesh) -> dict[str, Any]:
+  """Beam search as the evaluation program runs it, on source batches of `seq_len` tokens.
+
+  The parameters are the benchmark's barely-trained ones, which rarely choose EOS: every sentence
+  runs to its length limit (source + decode.max_extra_len), the slowest case.
+  """
+  multiple = partitioning.batch_shards(mesh)
+  rows = max(multiple, cfg.decode.tokens_per_batch // seq_len // multiple * multiple)
+  decode_len = seq_len + cfg.decode.max_extra_len
+  src = synthetic_tokens(rows, seq_len, model.config.vocab_size, 2)
+  limits = np.full((rows,), decode_len, np.int32)
+  placed = partitioning.shard_batch({"src": src, "limits": limits}, mesh)
+  search = jax.jit(functools.partial(decode.beam_search, model, decode_len=decode_len,
+                                     beam_size=cfg.decode.beam_size, alpha=cfg.decode.alpha))
+  run = lambda: search(params, placed["src"], placed["limits"])
+  compile_sec = timed(run, 1)[0]
+  times = spread(timed(run, batches))
+  tokens, _ = jax.device_get(run())
+  output_len = float(np.mean(np.argmax(np.asarray(tokens) == EOS_ID, axis=1) + 1))
+  return {"decode_rows": rows, "decode_beam_size": cfg.decode.beam_size,
+          "decode_len": decode_len, "decode_mean_output_len": output_len,
+          "decode_compile_sec": round(compile_sec, 2), "decode_batch_sec_median": times["median"],
+          "decode_sentences_per_sec": rows / times["median"]}
 
 
 def benchmark_input(cfg, batches: int) -> dict:
@@ -102,11 +236,17 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.config is None:
     raise app.UsageError("pass --config=configs/wmt14_ende.py:base (or another config)")
+  initialize_distributed()
   if FLAGS.input_pipeline:
-    print(json.dumps(benchmark_input(FLAGS.config, FLAGS.batches)))
+    result = benchmark_input(FLAGS.config, FLAGS.batches)
   else:
-    print(json.dumps(benchmark(FLAGS.config, FLAGS.batch_tokens, FLAGS.seq_len, FLAGS.steps,
-                               FLAGS.warmup)))
+    result = benchmark(FLAGS.config, FLAGS.batch_tokens, FLAGS.seq_len, FLAGS.steps, FLAGS.warmup,
+                       FLAGS.decode_batches, FLAGS.peak_tflops, FLAGS.measure_peak)
+  text = json.dumps(result)
+  if jax.process_index() == 0:
+    print(text)
+  if FLAGS.output and jax.process_index() == 0:
+    Path(FLAGS.output).write_text(text + "\n")
 
 
 def run() -> None:
@@ -116,6 +256,11 @@ def run() -> None:
   flags.DEFINE_integer("seq_len", 32, "Tokens per sentence of the synthetic batch.")
   flags.DEFINE_integer("steps", 20, "Timed steps.")
   flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
+  flags.DEFINE_integer("decode_batches", 3, "Timed beam-search batches (0 = skip decoding).")
+  flags.DEFINE_float("peak_tflops", None, "Peak TFLOP/s per device for MFU (default: the table).")
+  flags.DEFINE_bool("measure_peak", False, "Measure the peak with a large matmul instead.")
+  flags.DEFINE_string("output", None, "Also write the JSON result to this file.")
+  define_distributed_flags()
   flags.DEFINE_bool("input_pipeline", False, "Time the config's input pipeline instead.")
   flags.DEFINE_integer("batches", 200, "Batches to draw with --input_pipeline.")
   run_program("transformer-benchmark", main)

@@ -38,7 +38,8 @@ class CheckpointError(RuntimeError):
 
 
 def save_run_config(workdir: str | os.PathLike, cfg: ml_collections.ConfigDict) -> None:
-  """Writes config.json, or checks that an existing one describes the same model and data."""
+  """Writes config.json (process 0), or checks that an existing one describes the same model and
+  data."""
   path = Path(workdir) / CONFIG_FILE
   new = json.loads(cfg.to_json_best_effort())
   if path.is_file():

@@ -40,6 +40,24 @@ def flags_parser(program: str) -> Callable[[list[str]], list[str]]:
   return parse
 
 
+def define_distributed_flags() -> None:
+  """The flags of programs that can run as one process of a multi-host job (distributed.py)."""
+  flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
+                    "Join a multi-process job: 'auto' when the flags below or the environment "
+                    "(SLURM, Open MPI, JAX_COORDINATOR_ADDRESS) describe one; 'on' always (JAX "
+                    "detects the cluster, e.g. a TPU pod slice); 'off' never.")
+  flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (with the next two).")
+  flags.DEFINE_integer("num_processes", None, "Processes in the job.")
+  flags.DEFINE_integer("process_id", None, "This process's index, 0 .. num_processes - 1.")
+
+
+def initialize_distributed() -> None:
+  """Joins the job the distributed flags describe (call first in main, before any device use)."""
+  from transformer import distributed
+  f = flags.FLAGS
+  distributed.initialize(f.distributed, f.coordinator_address, f.num_processes, f.process_id)
+
+
 def run_program(program: str, main: Callable[[list[str]], None]) -> None:
   """absl's app.run with one-line flag errors, and our log set-up once absl has made its own."""
   def main_with_logging(argv: list[str]) -> None:

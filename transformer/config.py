@@ -16,6 +16,8 @@ RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 DATA_SOURCES = ("multi30k", "files", "tfds")
 VOCAB_MODEL_TYPES = ("bpe", "unigram")
 BATCHING_MODES = ("bucket", "pack")
+ATTENTION_KERNELS = ("auto", "xla", "cudnn", "reference")
+REMAT_MODES = ("none", "full", "dots")
 
 
 class ConfigError(ValueError):
@@ -41,6 +43,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.share_embeddings = True   # source, target and pre-softmax matrices are one.
   c.model.max_len = 256             # table size of learned positions; longest sequence trained.
   c.model.dtype = "float32"         # activation dtype; parameters, logits and loss stay float32.
+  c.model.attention = "auto"        # 'auto': cuDNN flash attention on GPUs, XLA elsewhere; or 'xla',
+                                    # 'cudnn', 'reference' (ours; always used for attention dropout).
+  c.model.remat = "none"            # 'full' / 'dots': recompute each layer in the backward pass.
+  c.model.scan_layers = False       # one nn.scan over the layers: compiles one layer, not N.
+
+  c.mesh = ml_collections.ConfigDict()  # devices per mesh axis; their product = all devices.
+  c.mesh.data = -1                  # data parallel (-1 = the devices the other axes leave).
+  c.mesh.fsdp = 1                   # also data parallel, with parameters and Adam state sharded.
+  c.mesh.tensor = 1                 # heads, d_ff and the vocabulary split over devices.
 
   c.data = ml_collections.ConfigDict()
   c.data.source = "multi30k"        # 'multi30k' (bundled) | 'files' | 'tfds'.
@@ -165,6 +176,17 @@ def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _choice(cfg, "train.dropout_rng", RNG_IMPLS)
   _choice(cfg, "data.vocab_model_type", VOCAB_MODEL_TYPES)
   _choice(cfg, "data.batching", BATCHING_MODES)
+  _choice(cfg, "model.attention", ATTENTION_KERNELS)
+  _choice(cfg, "model.remat", REMAT_MODES)
+  if not isinstance(cfg.model.scan_layers, bool):
+    raise ConfigError(f"config.model.scan_layers must be True or False, got {cfg.model.scan_layers!r}")
+  for axis in ("data", "fsdp", "tensor"):
+    size = cfg.mesh[axis]
+    if not isinstance(size, int) or isinstance(size, bool) or (size < 1 and size != -1):
+      raise ConfigError(f"config.mesh.{axis} must be a positive number of devices or -1 (the rest), "
+                        f"got {size!r}")
+  if [cfg.mesh[a] for a in ("data", "fsdp", "tensor")].count(-1) > 1:
+    raise ConfigError("only one of config.mesh.data / fsdp / tensor may be -1 (the devices left)")
   ratio = cfg.data.max_length_ratio
   if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or (ratio != 0 and ratio < 1):
     raise ConfigError(f"config.data.max_length_ratio must be >= 1 (or 0 to keep every ratio), "

@@ -91,10 +91,15 @@ def _gather_beams(x: jax.Array, beam_indices: jax.Array) -> jax.Array:
 
 
 def _reorder(path: tuple, x: jax.Array, flat_parent: jax.Array) -> jax.Array:
-  """Cache rows follow their beams; cross-attention keys/values and counters are the same for all."""
-  if x.ndim == 0 or any(getattr(p, "key", None) == "cross_attention" for p in path):
+  """Cache rows follow their beams; cross-attention keys/values and counters are the same for all.
+
+  Layers run by one `nn.scan` ('layers' in the path) stack their caches on a leading layer axis.
+  """
+  names = [getattr(p, "key", None) for p in path]
+  batch_axis = 1 if "layers" in names else 0
+  if x.ndim <= batch_axis or "cross_attention" in names:
     return x
-  return x[flat_parent]
+  return jnp.take(x, flat_parent, axis=batch_axis)
 
 
 def _beam_update(state: BeamState, log_probs: jax.Array, cache: Any, max_lengths: jax.Array,

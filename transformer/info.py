@@ -12,14 +12,18 @@ import collections
 import sys
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
 from transformer.cli import run_program
 from transformer.config import ConfigError, validate
-from transformer.model import ModelConfig, Transformer, analytic_param_count
+from transformer.model import (
+  ModelConfig,
+  Transformer,
+  analytic_param_count,
+  initial_params,
+)
 
 FLAGS = flags.FLAGS
 # The paper's rounded counts (Table 3), keyed by (num_layers, d_model, d_ff, num_heads).
@@ -28,10 +32,9 @@ PAPER_PARAMS = {(6, 512, 2048, 8): "65M (paper, 'base')", (6, 1024, 4096, 16): "
 
 def param_counts(config: ModelConfig) -> dict[str, int]:
   """Parameter count of every module path ('encoder', 'encoder/layer_0', ...), from shapes alone."""
-  dummy = jnp.ones((1, 8), jnp.int32)
-  shapes = jax.eval_shape(lambda: Transformer(config).init(jax.random.PRNGKey(0), dummy, dummy))
+  shapes = jax.eval_shape(lambda: initial_params(Transformer(config), jax.random.PRNGKey(0)))
   counts: dict[str, int] = collections.defaultdict(int)
-  for path, leaf in jax.tree_util.tree_leaves_with_path(shapes["params"]):
+  for path, leaf in jax.tree_util.tree_leaves_with_path(shapes):
     names = [p.key for p in path][:-1]  # drop the parameter's own name (kernel, bias, ...)
     for depth in range(1, len(names) + 1):
       counts["/".join(names[:depth])] += leaf.size

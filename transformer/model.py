@@ -11,6 +11,12 @@ with `where`; attention logits, softmax, output logits (and the loss, in train.p
 the activation dtype. For decoding, the decoder keeps an autoregressive key/value cache in the 'cache'
 collection: self-attention appends one position per step, encoder-decoder attention projects the
 encoder output once.
+
+Every parameter carries logical axis names ('vocab', 'embed', 'heads', 'kv', 'mlp', ...) and activations
+are constrained to logical layouts ('batch', 'length', 'act_embed', ...); partitioning.py maps both to
+mesh axes, so data, fsdp and tensor parallelism need no change here. Outside a mesh the names are inert.
+Speed options, all off or automatic by default: attention through `jax.nn.dot_product_attention`
+(cuDNN flash attention on GPUs), per-layer rematerialisation, and one `nn.scan` over the layers.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+
+from transformer import partitioning
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 
@@ -45,6 +53,9 @@ class ModelConfig:
   share_embeddings: bool = True
   max_len: int = 256
   dtype: Any = jnp.float32
+  attention: str = "auto"  # 'auto' | 'xla' | 'cudnn' | 'reference' (see attention_kernel)
+  remat: str = "none"      # 'none' | 'full' | 'dots': what the backward pass recomputes per layer
+  scan_layers: bool = False  # one nn.scan over stacked layer parameters (faster compiles, big models)
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
@@ -79,8 +90,8 @@ class Positions(nn.Module):
   def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
     cfg = self.config
     if cfg.positional == "learned":
-      table = nn.Embed(cfg.max_len, cfg.d_model, embedding_init=nn.initializers.normal(0.02),
-                       name="learned")
+      table = nn.Embed(cfg.max_len, cfg.d_model, name="learned", embedding_init=
+                       nn.with_logical_partitioning(nn.initializers.normal(0.02), ("position", "embed")))
       encoding = table(positions)
     else:
       encoding = sinusoidal_encoding(positions, cfg.d_model)
@@ -89,14 +100,27 @@ class Positions(nn.Module):
 
 # ----------------------------------------------------------------------------------------- attention
 
+def _init(init: Callable, *axes: str) -> Callable:
+  """An initializer whose parameter carries logical axis names (partitioning.py maps them to the mesh)."""
+  return nn.with_logical_partitioning(init, axes)
+
+
 # Glorot-uniform on the flattened (fan_in, fan_out) kernel, as DenseGeneral initialises it.
 _dense_init = nn.initializers.xavier_uniform()
+_zeros = nn.initializers.zeros_init()
+
+
+def constrain(x: jax.Array, *axes: str | None) -> jax.Array:
+  """Pins an activation's layout by logical axis names (a no-op unless a mesh is set)."""
+  return nn.with_logical_constraint(x, axes, rules=partitioning.RULES)
+
 
 def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None,
                           dropout: Callable[[jax.Array], jax.Array] = lambda w: w) -> jax.Array:
   """softmax(Q K^T / sqrt(d_k)) V per head; [B,T,H,K] x [B,S,H,K] x [B,S,H,V] -> [B,T,H,V].
 
-  `mask` broadcasts to [B,H,T,S] and is True where a query may attend. Logits and softmax are float32.
+  The reference: `mask` broadcasts to [B,H,T,S] and is True where a query may attend. Logits and
+  softmax are float32. Used for attention dropout and unequal d_k / d_v, which the fused kernels lack.
   """
   depth = query.shape[-1]
   logits = jnp.einsum("bthk,bshk->bhts", query, key, preferred_element_type=jnp.float32)
@@ -105,6 +129,23 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, ma
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
   weights = dropout(jax.nn.softmax(logits, axis=-1))
   return jnp.einsum("bhts,bshv->bthv", weights.astype(value.dtype), value)
+
+
+def attention_kernel(config: ModelConfig, with_dropout: bool) -> str:
+  """Which implementation computes attention: 'reference' (ours), 'xla' or 'cudnn' (both through
+  `jax.nn.dot_product_attention`, whose logits and softmax are float32 too).
+
+  'auto' picks cuDNN's fused flash attention on a GPU for bf16/fp16 heads of equal width (a multiple
+  of 8, at most 128), XLA's fused path elsewhere, and the reference wherever the fused kernels cannot
+  follow the config (attention dropout in training, d_k != d_v).
+  """
+  if config.attention == "reference" or with_dropout or config.key_dim != config.value_dim:
+    return "reference"
+  if config.attention != "auto":
+    return config.attention
+  cudnn_ok = (jax.default_backend() == "gpu" and config.dtype in (jnp.bfloat16, jnp.float16)
+              and config.key_dim % 8 == 0 and config.key_dim <= 128)
+  return "cudnn" if cudnn_ok else "xla"
 
 
 class MultiHeadAttention(nn.Module):
@@ -122,7 +163,8 @@ class MultiHeadAttention(nn.Module):
     cfg = self.config
     heads = cfg.num_heads
     project = lambda name, depth: nn.DenseGeneral(
-        (heads, depth), dtype=cfg.dtype, name=name, kernel_init=_dense_init)
+        (heads, depth), dtype=cfg.dtype, name=name,
+        kernel_init=_init(_dense_init, "embed", "heads", "kv"), bias_init=_init(_zeros, "heads", "kv"))
     query = project("query", cfg.key_dim)(inputs_q)
     key_proj, value_proj = project("key", cfg.key_dim), project("value", cfg.value_dim)
 
@@ -145,12 +187,20 @@ class MultiHeadAttention(nn.Module):
       mask = (jnp.arange(cached_key.value.shape[1]) <= i)[None, None, None, :]
     else:
       key, value = key_proj(inputs_kv), value_proj(inputs_kv)
+    query, key, value = (constrain(x, "batch", "length", "act_heads", "kv") for x in (query, key, value))
 
-    attention_dropout = lambda w: nn.Dropout(cfg.attention_dropout)(
-        w, deterministic=deterministic or cfg.attention_dropout == 0.0)
-    out = dot_product_attention(query, key, value, mask, attention_dropout)
+    with_dropout = not deterministic and cfg.attention_dropout > 0.0
+    kernel = attention_kernel(cfg, with_dropout)
+    if kernel == "reference":
+      attention_dropout = lambda w: nn.Dropout(cfg.attention_dropout)(w, deterministic=not with_dropout)
+      out = dot_product_attention(query, key, value, mask, attention_dropout)
+    else:
+      if mask is not None:  # cuDNN wants the query axis spelled out; XLA broadcasts either way
+        mask = jnp.broadcast_to(mask, (*mask.shape[:2], query.shape[1], key.shape[1]))
+      out = jax.nn.dot_product_attention(query, key, value, mask=mask, implementation=kernel)
     return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), dtype=cfg.dtype, name="out",
-                           kernel_init=_dense_init)(out)
+                           kernel_init=_init(_dense_init, "heads", "kv", "embed"),
+                           bias_init=_init(_zeros, "embed"))(out)
 
 
 # ------------------------------------------------------------------------------------------- layers
@@ -163,8 +213,11 @@ class FeedForward(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     cfg = self.config
-    x = nn.Dense(cfg.d_ff, dtype=cfg.dtype, kernel_init=_dense_init, name="wi")(x)
-    return nn.Dense(cfg.d_model, dtype=cfg.dtype, kernel_init=_dense_init, name="wo")(nn.relu(x))
+    x = nn.Dense(cfg.d_ff, dtype=cfg.dtype, name="wi", kernel_init=_init(_dense_init, "embed", "mlp"),
+                 bias_init=_init(_zeros, "mlp"))(x)
+    x = constrain(nn.relu(x), "batch", "length", "act_mlp")
+    return nn.Dense(cfg.d_model, dtype=cfg.dtype, name="wo", kernel_init=_init(_dense_init, "mlp", "embed"),
+                    bias_init=_init(_zeros, "embed"))(x)
 
 
 def residual(config: ModelConfig, x: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
@@ -177,42 +230,77 @@ def residual(config: ModelConfig, x: jax.Array, sublayer: Callable[[jax.Array], 
 
 
 def _layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
-  return nn.LayerNorm(epsilon=1e-6, dtype=config.dtype, name=name)
+  return nn.LayerNorm(epsilon=1e-6, dtype=config.dtype, name=name,
+                      scale_init=_init(nn.initializers.ones_init(), "embed"),
+                      bias_init=_init(_zeros, "embed"))
 
 
 class EncoderLayer(nn.Module):
   config: ModelConfig
+  deterministic: bool = True
 
   @nn.compact
-  def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
-    cfg = self.config
+  def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
+    cfg, deterministic = self.config, self.deterministic
     attend = MultiHeadAttention(cfg, name="self_attention")
     x = residual(cfg, x, lambda y: attend(y, y, mask, deterministic=deterministic),
                  _layer_norm(cfg, "self_attention_norm"), deterministic)
-    return residual(cfg, x, FeedForward(cfg, name="ffn"), _layer_norm(cfg, "ffn_norm"), deterministic)
+    x = residual(cfg, x, FeedForward(cfg, name="ffn"), _layer_norm(cfg, "ffn_norm"), deterministic)
+    return constrain(x, "batch", "length", "act_embed")
 
 
 class DecoderLayer(nn.Module):
   config: ModelConfig
+  deterministic: bool = True
+  decode: bool = False
+  decode_len: int = 0
 
   @nn.compact
   def __call__(self, x: jax.Array, encoded: jax.Array, self_mask: jax.Array | None,
-               cross_mask: jax.Array, deterministic: bool, decode: bool = False,
-               decode_len: int = 0) -> jax.Array:
-    cfg = self.config
+               cross_mask: jax.Array) -> jax.Array:
+    cfg, deterministic = self.config, self.deterministic
     self_attend = MultiHeadAttention(cfg, name="self_attention")
     cross_attend = MultiHeadAttention(cfg, name="cross_attention")
     x = residual(cfg, x, lambda y: self_attend(y, y, self_mask, deterministic=deterministic,
-                                               cache="self" if decode else None,
-                                               decode_len=decode_len),
+                                               cache="self" if self.decode else None,
+                                               decode_len=self.decode_len),
                  _layer_norm(cfg, "self_attention_norm"), deterministic)
     x = residual(cfg, x, lambda y: cross_attend(y, encoded, cross_mask, deterministic=deterministic,
-                                                cache="cross" if decode else None),
+                                                cache="cross" if self.decode else None),
                  _layer_norm(cfg, "cross_attention_norm"), deterministic)
-    return residual(cfg, x, FeedForward(cfg, name="ffn"), _layer_norm(cfg, "ffn_norm"), deterministic)
+    x = residual(cfg, x, FeedForward(cfg, name="ffn"), _layer_norm(cfg, "ffn_norm"), deterministic)
+    return constrain(x, "batch", "length", "act_embed")
 
 
 # ------------------------------------------------------------------------------------------- stacks
+
+REMAT_POLICIES = {  # what a rematerialised layer keeps for the backward pass
+    "full": None,  # nothing: the whole layer is recomputed
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # matmul outputs
+}
+
+
+def stack_layers(config: ModelConfig, layer: type[nn.Module], x: jax.Array, *args: Any,
+                 **layer_kwargs: Any) -> jax.Array:
+  """Applies `config.num_layers` layers to `x` (each also given `args`), from inside a compact module.
+
+  Unrolled by default (parameters 'layer_0', 'layer_1', ...); with `config.scan_layers` one
+  `nn.scan` over parameters stacked on a leading 'layers' axis (and a stacked decoding cache), which
+  compiles one layer instead of N. `config.remat` rematerialises each layer in the backward pass.
+  """
+  if config.remat != "none":
+    layer = nn.remat(layer, policy=REMAT_POLICIES[config.remat], prevent_cse=not config.scan_layers)
+  if not config.scan_layers:
+    for i in range(config.num_layers):
+      x = layer(config, **layer_kwargs, name=f"layer_{i}")(x, *args)
+    return x
+  scan = nn.scan(lambda module, carry, *rest: (module(carry, *rest), None),
+                 variable_axes={"params": 0, "cache": 0}, split_rngs={"params": True, "dropout": True},
+                 in_axes=nn.broadcast, length=config.num_layers,
+                 metadata_params={nn.PARTITION_NAME: "layers"})
+  x, _ = scan(layer(config, **layer_kwargs, name="layers"), x, *args)
+  return x
+
 
 def embed_tokens(config: ModelConfig, embed: nn.Embed, tokens: jax.Array) -> jax.Array:
   """Token embeddings scaled by sqrt(D), as the paper does for the shared matrix."""
@@ -229,10 +317,10 @@ class Encoder(nn.Module):
     cfg = self.config
     x = embed_tokens(cfg, self.embed, src)
     x = Positions(cfg, name="positions")(x, default_positions(src, positions))
-    x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
+    x = constrain(nn.Dropout(cfg.dropout)(x, deterministic=deterministic), "batch", "length",
+                  "act_embed")
     mask = source_mask(src) if segments is None else segment_mask(segments, segments)
-    for i in range(cfg.num_layers):
-      x = EncoderLayer(cfg, name=f"layer_{i}")(x, mask, deterministic)
+    x = stack_layers(cfg, EncoderLayer, x, mask, deterministic=deterministic)
     if cfg.norm == "pre":
       x = _layer_norm(cfg, "final_norm")(x)
     return x
@@ -265,19 +353,21 @@ class Decoder(nn.Module):
       cross_mask = segment_mask(tgt_segments, src_segments)
     x = embed_tokens(cfg, self.embed, tgt_in)
     x = Positions(cfg, name="positions")(x, positions)
-    x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
-    for i in range(cfg.num_layers):
-      x = DecoderLayer(cfg, name=f"layer_{i}")(x, encoded, self_mask, cross_mask, deterministic,
-                                               decode, decode_len)
+    x = constrain(nn.Dropout(cfg.dropout)(x, deterministic=deterministic), "batch", "length",
+                  "act_embed")
+    x = stack_layers(cfg, DecoderLayer, x, encoded, self_mask, cross_mask,
+                     deterministic=deterministic, decode=decode, decode_len=decode_len)
     if cfg.norm == "pre":
       x = _layer_norm(cfg, "final_norm")(x)
     if cfg.share_embeddings:
       matrix = self.embed.embedding  # [V, D]
     else:
-      matrix = self.param("output_embedding", nn.initializers.normal(cfg.d_model ** -0.5),
+      matrix = self.param("output_embedding",
+                          _init(nn.initializers.normal(cfg.d_model ** -0.5), "vocab", "embed"),
                           (cfg.vocab_size, cfg.d_model))
-    return jnp.einsum("btd,vd->btv", x, jnp.asarray(matrix, cfg.dtype),
-                      preferred_element_type=jnp.float32)
+    logits = jnp.einsum("btd,vd->btv", x, jnp.asarray(matrix, cfg.dtype),
+                        preferred_element_type=jnp.float32)
+    return constrain(logits, "batch", "length", "act_vocab")
 
 
 def source_mask(src: jax.Array) -> jax.Array:
@@ -311,7 +401,7 @@ class Transformer(nn.Module):
     cfg = self.config
     embed = lambda name: nn.Embed(
         cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, name=name,
-        embedding_init=nn.initializers.normal(cfg.d_model ** -0.5))
+        embedding_init=_init(nn.initializers.normal(cfg.d_model ** -0.5), "vocab", "embed"))
     if cfg.share_embeddings:
       shared = embed("embed")
       self.encoder = Encoder(cfg, embed=shared)
@@ -337,6 +427,14 @@ class Transformer(nn.Module):
     encoded = self.encode(src, deterministic, src_segments, src_positions)
     return self.decode(encoded, src, tgt_in, deterministic, src_segments=src_segments,
                        tgt_segments=tgt_segments, tgt_positions=tgt_positions)
+
+
+def initial_params(model: Transformer, rng: jax.Array, logical_axes: bool = False) -> Any:
+  """Freshly initialised parameters. With `logical_axes` every leaf stays wrapped in its
+  `nn.LogicallyPartitioned` box (names, no values needed under eval_shape) for partitioning.py."""
+  dummy = jnp.ones((1, 8), jnp.int32)
+  params = model.init(rng, dummy, dummy)["params"]
+  return params if logical_axes else nn.meta.unbox(params)
 
 
 def shift_right(tgt: jax.Array, segments: jax.Array | None = None) -> jax.Array:

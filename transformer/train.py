@@ -2,8 +2,9 @@
 
     transformer-train --config=configs/multi30k.py --workdir=runs/m30k [--config.train.steps=...]
 
-The train step is compiled once per batch shape with the state replicated and the batch split over a
-1-D `data` mesh of all devices (partitioning.py). The loop logs a progress line every
+The train step is compiled once per batch shape on a (data, fsdp, tensor) mesh of all devices of all
+processes, the state laid out by partitioning.py's rules (replicated in plain data parallelism) and
+the batch rows split over the data-parallel axes. The loop logs a progress line every
 `train.log_every` steps, computes validation loss/accuracy/perplexity every `train.eval_every` steps
 (teacher-forced, cheap; BLEU is the separate evaluation program's job), saves Orbax checkpoints
 asynchronously every `train.checkpoint_every` steps and, if `train.checkpoint_minutes` is set, at
@@ -19,7 +20,7 @@ import functools
 import logging
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +34,23 @@ from flax.training import train_state
 from ml_collections import config_flags
 
 from transformer import checkpoints, partitioning
-from transformer.cli import run_program
+from transformer.cli import (
+  define_distributed_flags,
+  initialize_distributed,
+  run_program,
+)
 from transformer.config import ConfigError, validate
 from transformer.data import pipeline, sources
 from transformer.data import vocab as vocab_lib
+from transformer.distributed import DistributedError, leader_first
 from transformer.metrics import MetricWriter, format_duration
-from transformer.model import PAD_ID, ModelConfig, Transformer, shift_right
+from transformer.model import (
+  PAD_ID,
+  ModelConfig,
+  Transformer,
+  initial_params,
+  shift_right,
+)
 
 log = logging.getLogger("transformer")
 
@@ -82,16 +94,18 @@ def loss_sums(logits: jax.Array, targets: jax.Array, smoothing: float) -> dict[s
 
 # -------------------------------------------------------------------------------------- the steps
 
-def create_train_state(model: Transformer, tx: optax.GradientTransformation,
-                       rng: jax.Array) -> TrainState:
-  dummy = jnp.ones((1, 8), jnp.int32)
-  params = model.init(rng, dummy, dummy)["params"]
-  return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+def create_train_state(model: Transformer, tx: optax.GradientTransformation, rng: jax.Array,
+                       logical_axes: bool = False) -> TrainState:
+  """Fresh parameters and Adam state; with `logical_axes` (under eval_shape) every parameter and
+  moment keeps its logical axis names, from which partitioning.py derives the state's layout."""
+  return TrainState.create(apply_fn=model.apply, params=initial_params(model, rng, logical_axes),
+                           tx=tx)
 
 
 def abstract_train_state(cfg: ml_collections.ConfigDict, model: Transformer,
                          sharding: jax.sharding.Sharding) -> TrainState:
-  """Shapes, dtypes and layout of the train state, without computing it (the restore target)."""
+  """Shapes and dtypes of the train state, without computing it, all in one `sharding`: the restore
+  target of programs that only read parameters (evaluation, averaging)."""
   init = functools.partial(create_train_state, model, make_optimizer(cfg))
   return partitioning.with_sharding(jax.eval_shape(init, jax.random.PRNGKey(0)), sharding)
 
@@ -144,19 +158,34 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_rng: jax.
   return state.apply_gradients(grads=grads), sums
 
 
-def jit_train_fns(cfg: ml_collections.ConfigDict, model: Transformer, mesh: jax.sharding.Mesh):
-  """(init, step): the jit-compiled state initialisation and train step, state replicated on `mesh`.
+@dataclasses.dataclass(frozen=True)
+class TrainFunctions:
+  """The jit-compiled training functions for one model on one mesh, and the state's layout.
 
-  `init(rng) -> state`; `step(state, batch, dropout_rng) -> (state, sums)`, donating the old state.
+  `init(rng) -> state`; `step(state, batch, dropout_rng) -> (state, sums)`, donating the old state;
+  `abstract_state`: shapes, dtypes and shardings of the state (the checkpoint restore target).
   Training and the benchmark both use these, so they time exactly what trains.
   """
+  init: Callable[[jax.Array], TrainState]
+  step: Callable[..., tuple[TrainState, dict[str, jax.Array]]]
+  abstract_state: TrainState
+
+
+def jit_train_fns(cfg: ml_collections.ConfigDict, model: Transformer,
+                  mesh: jax.sharding.Mesh) -> TrainFunctions:
+  """Compiles init and step with the state laid out by partitioning's rules on `mesh`."""
+  tx = make_optimizer(cfg)  # one object: the state's static fields must match across functions
+  init_fn = functools.partial(create_train_state, model, tx)
+  boxed = jax.eval_shape(functools.partial(init_fn, logical_axes=True), jax.random.PRNGKey(0))
+  shardings = partitioning.logical_shardings(boxed, mesh)
   replicated = partitioning.replicated(mesh)
-  init = jax.jit(functools.partial(create_train_state, model, make_optimizer(cfg)),
-                 out_shardings=replicated)
+  init = jax.jit(init_fn, out_shardings=shardings)
   step = jax.jit(functools.partial(train_step, smoothing=cfg.train.label_smoothing,
                                    accum_steps=cfg.train.grad_accum_steps),
-                 out_shardings=(replicated, replicated), donate_argnums=(0,))
-  return init, step
+                 out_shardings=(shardings, replicated), donate_argnums=(0,))
+  abstract = partitioning.with_sharding(jax.eval_shape(init_fn, jax.random.PRNGKey(0)), shardings)
+  return TrainFunctions(init=init, step=partitioning.with_mesh(step, mesh),
+                        abstract_state=abstract)
 
 
 def eval_step(params: Any, batch: dict[str, jax.Array], *, model: Transformer) -> dict[str, jax.Array]:
@@ -203,7 +232,9 @@ def prepare_data(cfg: ml_collections.ConfigDict, workdir: Path, num_devices: int
   """
   train_source = sources.open_split(cfg.data, cfg.data.train_split)
   eval_source = sources.open_split(cfg.data, cfg.data.eval_split)
-  vocab = vocab_lib.vocab_for_run(workdir, cfg.data, train_source, cfg.seed)
+  # Process 0 trains (or copies) the vocabulary first; the others then find it in the workdir.
+  vocab = leader_first("vocabulary", lambda: vocab_lib.vocab_for_run(workdir, cfg.data,
+                                                                     train_source, cfg.seed))
   spec = batch_spec(cfg, num_devices)
   train_pipeline = pipeline.InputPipeline(train_source, vocab, spec, seed=cfg.seed,
                                           window_size=cfg.data.shuffle_window)
@@ -233,30 +264,32 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str
   validate(cfg)
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  checkpoints.save_run_config(workdir, cfg)
-  mesh = partitioning.data_mesh()
-  vocab, train_pipeline, eval_batches = prepare_data(cfg, workdir, num_devices=mesh.size)
+  leader_first("run config", lambda: checkpoints.save_run_config(workdir, cfg))
+  vocab, train_pipeline, eval_batches = prepare_data(cfg, workdir, num_devices=jax.device_count())
+  mesh = partitioning.make_mesh(cfg, vocab.get_piece_size())
 
   model = Transformer(ModelConfig.from_config(cfg.model, vocab.get_piece_size()))
   replicated = partitioning.replicated(mesh)
   init_rng = jax.random.PRNGKey(cfg.seed)
   dropout_rng = jax.random.key(cfg.seed + 1, impl=cfg.train.dropout_rng)
-  init, step_fn = jit_train_fns(cfg, model, mesh)
+  fns = jit_train_fns(cfg, model, mesh)
   mngr = checkpoints.manager(workdir, keep=cfg.train.keep_checkpoints)
   data_state = pipeline.PipelineState()
   if mngr.latest_step() is not None:
-    state = checkpoints.restore(mngr, abstract_train_state(cfg, model, replicated))
+    state = checkpoints.restore(mngr, fns.abstract_state)
     data_state = pipeline.PipelineState.from_dict(
         checkpoints.restore_data_state(mngr, int(state.step)))
     log.info("Resumed from the checkpoint at step %d (data: epoch %d, window %d, batch %d)",
              int(state.step), data_state.epoch, data_state.window, data_state.batch)
   else:
-    state = init(init_rng)
+    state = fns.init(init_rng)
   n_params = sum(x.size for x in jax.tree.leaves(state.params))
-  log.info("Model: %s parameters; %d devices (%s)", f"{n_params:,}", mesh.size,
-           jax.devices()[0].platform)
+  log.info("Model: %s parameters; %d devices (%s) in %d process(es); mesh %s", f"{n_params:,}",
+           mesh.size, jax.devices()[0].platform, jax.process_count(),
+           " x ".join(f"{axis} {size}" for axis, size in mesh.shape.items()))
 
-  eval_fn = jax.jit(functools.partial(eval_step, model=model), out_shardings=replicated)
+  eval_fn = partitioning.with_mesh(
+      jax.jit(functools.partial(eval_step, model=model), out_shardings=replicated), mesh)
   schedule = learning_rate_schedule(cfg.model.d_model, cfg.train.warmup_steps,
                                     cfg.train.learning_rate)
   writer = MetricWriter(workdir)
@@ -272,7 +305,7 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str
   with contextlib.closing(train_pipeline.batches(data_state)) as batches:  # stops its thread
     for step in range(start, total):
       batch, data_state = next(batches)
-      state, sums = step_fn(state, partitioning.shard_batch(batch, mesh), dropout_rng)
+      state, sums = fns.step(state, partitioning.shard_batch(batch, mesh), dropout_rng)
       interval_sums.append(sums)  # fetched only when logging, so the host never waits on the device
       done = step + 1
       if done % cfg.train.log_every == 0 or done == total:
@@ -318,8 +351,9 @@ def main(argv: list[str]) -> None:
   if FLAGS.config is None or FLAGS.workdir is None:
     raise app.UsageError("pass --config=configs/multi30k.py (or another config) and --workdir=DIR")
   try:
+    initialize_distributed()
     train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except (ConfigError, sources.DataError, checkpoints.CheckpointError) as e:
+  except (ConfigError, sources.DataError, checkpoints.CheckpointError, DistributedError) as e:
     sys.exit(f"transformer-train: error: {e}")
 
 
@@ -327,7 +361,9 @@ def run() -> None:
   """Console-script entry point (flags are defined here, so importing this module defines none)."""
   config_flags.DEFINE_config_file("config", None, "Path to a get_config() file, e.g. "
                                   "configs/multi30k.py or configs/wmt14_ende.py:big.")
-  flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary and metrics.")
+  flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary and metrics (shared "
+                      "by all processes of a multi-host job).")
+  define_distributed_flags()
   run_program("transformer-train", main)
 
 
