@@ -74,3 +74,15 @@ def test_greedy_respects_each_sentences_length_limit(setup):
   lengths = np.asarray((tokens != PAD_ID).sum(-1))
   assert (lengths <= np.asarray(limits)).all()
   assert np.asarray(tokens)[0, 0] == EOS_ID
+
+
+def test_minimum_lengths_forbid_eos_until_reached(setup):
+  model, params, src = setup
+  limits = jnp.array([2, 3, 5, 6])
+  tokens, _ = decode.beam_search(model, params, src, jnp.full((4,), 6), 6, beam_size=3,
+                                 min_lengths=limits)
+  tokens = np.asarray(tokens)
+  lengths = (tokens != PAD_ID).sum(-1)
+  assert (lengths >= np.asarray(limits)).all()
+  for row, n in enumerate(lengths):  # EOS only at the end, never earlier
+    assert tokens[row, n - 1] == EOS_ID and EOS_ID not in tokens[row, :n - 1]

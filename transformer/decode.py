@@ -37,10 +37,14 @@ def _decode_step(model: Transformer, params: Any, cache: Any, encoded: jax.Array
   return jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)), mutated["cache"]
 
 
-def _allowed(log_probs: jax.Array, at_limit: jax.Array) -> jax.Array:
-  """Forbids PAD and BOS everywhere, and every token but EOS in the rows where `at_limit`."""
+def _allowed(log_probs: jax.Array, at_limit: jax.Array,
+             too_short: jax.Array | None = None) -> jax.Array:
+  """Forbids PAD and BOS everywhere, every token but EOS in the rows where `at_limit`, and EOS in
+  the rows that are `too_short`."""
   token = jnp.arange(log_probs.shape[-1])
   forbidden = (token == PAD_ID) | (token == BOS_ID) | (at_limit[..., None] & (token != EOS_ID))
+  if too_short is not None:
+    forbidden = forbidden | (too_short[..., None] & (token == EOS_ID))
   return jnp.where(forbidden, NEG_INF, log_probs)
 
 
@@ -103,13 +107,15 @@ def _reorder(path: tuple, x: jax.Array, flat_parent: jax.Array) -> jax.Array:
 
 
 def _beam_update(state: BeamState, log_probs: jax.Array, cache: Any, max_lengths: jax.Array,
-                 alpha: float) -> BeamState:
+                 alpha: float, min_lengths: jax.Array | None = None) -> BeamState:
   """Extends every live hypothesis by every token and keeps the best K live and K finished."""
   batch, beam, length = state.alive_seqs.shape
   vocab = log_probs.shape[-1]
   log_probs = log_probs.reshape(batch, beam, vocab)
+  too_short = None if min_lengths is None else jnp.broadcast_to(
+      (state.step + 1 < min_lengths)[:, None], (batch, beam))
   log_probs = _allowed(log_probs, jnp.broadcast_to((state.step + 1 >= max_lengths)[:, None],
-                                                          (batch, beam)))
+                                                   (batch, beam)), too_short)
   candidates = (state.alive_log_probs[:, :, None] + log_probs).reshape(batch, beam * vocab)
   # 2K candidates always hold K that do not end in EOS.
   top_scores, top_ids = jax.lax.top_k(candidates, 2 * beam)
@@ -138,9 +144,13 @@ def _beam_update(state: BeamState, log_probs: jax.Array, cache: Any, max_lengths
 
 
 def beam_search(model: Transformer, params: Any, src: jax.Array, max_lengths: jax.Array,
-                decode_len: int, beam_size: int = 4, alpha: float = 0.6
-                ) -> tuple[jax.Array, jax.Array]:
-  """Best finished hypothesis per sentence: tokens [B, decode_len] (PAD after EOS) and its score."""
+                decode_len: int, beam_size: int = 4, alpha: float = 0.6,
+                min_lengths: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """Best finished hypothesis per sentence: tokens [B, decode_len] (PAD after EOS) and its score.
+
+  `min_lengths` (as fairseq's --min-len) forbids EOS before that many tokens; the benchmark sets it
+  to `max_lengths` to time full-length decoding whatever the parameters.
+  """
   batch = src.shape[0]
   encoded = model.apply({"params": params}, src, method=Transformer.encode)
   # Every sentence is decoded as K rows; all start identical, so only beam 0 starts alive.
@@ -156,7 +166,7 @@ def beam_search(model: Transformer, params: Any, src: jax.Array, max_lengths: ja
       finished_seqs=jnp.full((batch, beam_size, decode_len), PAD_ID, jnp.int32),
       finished_scores=jnp.full((batch, beam_size), NEG_INF),
       cache=cache)
-  state = _beam_update(state, log_probs, cache, max_lengths, alpha)
+  state = _beam_update(state, log_probs, cache, max_lengths, alpha, min_lengths)
 
   def cond(state: BeamState) -> jax.Array:
     best_possible = state.alive_log_probs[:, 0] / length_penalty(max_lengths, alpha)
@@ -167,7 +177,7 @@ def beam_search(model: Transformer, params: Any, src: jax.Array, max_lengths: ja
     last = jax.lax.dynamic_index_in_dim(state.alive_seqs, state.step - 1, axis=2, keepdims=False)
     log_probs, cache = _decode_step(model, params, state.cache, encoded_k, src_k,
                                     last.reshape(-1), decode_len)
-    return _beam_update(state, log_probs, cache, max_lengths, alpha)
+    return _beam_update(state, log_probs, cache, max_lengths, alpha, min_lengths)
 
   state = jax.lax.while_loop(cond, body, state)
   return state.finished_seqs[:, 0], state.finished_scores[:, 0]

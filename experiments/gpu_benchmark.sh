@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Every GPU figure docs/performance.md asks for, in one call (device time is short):
+# base and big at the paper's 25k target tokens per step, bf16, with each attention kernel and the
+# memory options; one JSON per setting in OUT (default: bench_gpu/), then a summary table.
+#   bash experiments/gpu_benchmark.sh [OUT]
+set -uo pipefail
+out=${1:-${OUT:-bench_gpu}}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+bench() {  # NAME CONFIG FLAGS...
+  local name=$1 config=$2; shift 2
+  echo "== $name"
+  python -m transformer.benchmark --config="$config" --batch_tokens=25000 --seq_len=32 \
+    --steps=20 --warmup=5 --decode_batches=3 --measure_peak --output="$out/$name.json" "$@" \
+    2>"$out/$name.log" | cut -c1-400 || tail -3 "$out/$name.log"
+}
+bench base configs/wmt14_ende.py:base
+bench base_reference_attention configs/wmt14_ende.py:base --config.model.attention=reference
+bench base_xla_attention configs/wmt14_ende.py:base --config.model.attention=xla
+bench big configs/wmt14_ende.py:big
+bench big_remat_dots configs/wmt14_ende.py:big --config.model.remat=dots
+bench big_scan configs/wmt14_ende.py:big --config.model.scan_layers=True
+bench big_accum2 configs/wmt14_ende.py:big --config.train.grad_accum_steps=2
+python - "$out" <<'PY'
+import json, sys
+from pathlib import Path
+print("| setting | tokens/s | step s | MFU (table peak) | MFU vs measured | peak GiB | decode sent/s |")
+print("|---|---|---|---|---|---|---|")
+for path in sorted(Path(sys.argv[1]).glob("*.json")):
+    r = json.loads(path.read_text())
+    table = r["analytic_tflops_per_sec"] / 989.0 if "H100" in r["device"] or "H200" in r["device"] else float("nan")
+    mem = (r["peak_memory_bytes"] or 0) / 2**30
+    print(f"| {path.stem} | {r['target_tokens_per_sec']:,.0f} | {r['step_sec_median']:.3f} | {table:.1%} | "
+          f"{r['mfu']:.1%} | {mem:.1f} | {r.get('decode_sentences_per_sec', 0):.1f} |")
+PY
