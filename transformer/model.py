@@ -131,20 +131,21 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, ma
   return jnp.einsum("bhts,bshv->bthv", weights.astype(value.dtype), value)
 
 
-def attention_kernel(config: ModelConfig, with_dropout: bool) -> str:
+def attention_kernel(config: ModelConfig, with_dropout: bool, decoding: bool = False) -> str:
   """Which implementation computes attention: 'reference' (ours), 'xla' or 'cudnn' (both through
   `jax.nn.dot_product_attention`, whose logits and softmax are float32 too).
 
   'auto' picks cuDNN's fused flash attention on a GPU for bf16/fp16 heads of equal width (a multiple
-  of 8, at most 128), XLA's fused path elsewhere, and the reference wherever the fused kernels cannot
-  follow the config (attention dropout in training, d_k != d_v).
+  of 8, at most 128) over full sequences, XLA's path elsewhere (and for one-query decoding steps),
+  and the reference wherever the fused kernels cannot follow the config (attention dropout in
+  training, d_k != d_v).
   """
   if config.attention == "reference" or with_dropout or config.key_dim != config.value_dim:
     return "reference"
   if config.attention != "auto":
     return config.attention
   cudnn_ok = (jax.default_backend() == "gpu" and config.dtype in (jnp.bfloat16, jnp.float16)
-              and config.key_dim % 8 == 0 and config.key_dim <= 128)
+              and config.key_dim % 8 == 0 and config.key_dim <= 128 and not decoding)
   return "cudnn" if cudnn_ok else "xla"
 
 
@@ -190,7 +191,7 @@ class MultiHeadAttention(nn.Module):
     query, key, value = (constrain(x, "batch", "length", "act_heads", "kv") for x in (query, key, value))
 
     with_dropout = not deterministic and cfg.attention_dropout > 0.0
-    kernel = attention_kernel(cfg, with_dropout)
+    kernel = attention_kernel(cfg, with_dropout, decoding=cache is not None)
     if kernel == "reference":
       attention_dropout = lambda w: nn.Dropout(cfg.attention_dropout)(w, deterministic=not with_dropout)
       out = dot_product_attention(query, key, value, mask, attention_dropout)
