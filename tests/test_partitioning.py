@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from transformer import partitioning
@@ -116,7 +117,6 @@ def strategies():
 
 @pytest.mark.parametrize("shape", ["(8, 1, 1)", "(1, 8, 1)", "(2, 1, 4)", "(2, 2, 2)"])
 def test_every_strategy_trains_like_one_device(strategies, shape):
-  import numpy as np
   one, many = strategies["(1, 1, 1)"], strategies[shape]
   assert many["devices"] == 8
   assert many["loss"] == pytest.approx(one["loss"], rel=1e-5)
