@@ -24,11 +24,13 @@ bench big_accum2 configs/wmt14_ende.py:big --config.train.grad_accum_steps=2
 python - "$out" <<'PY'
 import json, sys
 from pathlib import Path
+from transformer.benchmark import table_peak
 print("| setting | tokens/s | step s | MFU (table peak) | MFU vs measured | peak GiB | decode sent/s |")
 print("|---|---|---|---|---|---|---|")
 for path in sorted(Path(sys.argv[1]).glob("*.json")):
     r = json.loads(path.read_text())
-    table = r["analytic_tflops_per_sec"] / 989.0 if "H100" in r["device"] or "H200" in r["device"] else float("nan")
+    peak = table_peak(r["device"])
+    table = r["analytic_tflops_per_sec"] / (peak * r["devices"]) if peak else float("nan")
     mem = (r["peak_memory_bytes"] or 0) / 2**30
     print(f"| {path.stem} | {r['target_tokens_per_sec']:,.0f} | {r['step_sec_median']:.3f} | {table:.1%} | "
           f"{r['mfu']:.1%} | {mem:.1f} | {r.get('decode_sentences_per_sec', 0):.1f} |")
