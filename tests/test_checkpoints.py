@@ -28,9 +28,10 @@ def test_save_restore_round_trip(tmp_path):
   mngr.wait_until_finished()
   sharding = partitioning.replicated(partitioning.data_mesh())
   reader = checkpoints.manager(tmp_path, read_only=True)
-  restored = checkpoints.restore(reader, abstract_train_state(cfg, model, sharding))
+  restored, data = checkpoints.restore(reader, abstract_train_state(cfg, model, sharding),
+                                      with_data=True)
   assert int(restored.step) == 7
-  assert checkpoints.restore_data_state(reader, 7) == {"epoch": 1, "window": 2, "batch": 3}
+  assert data == {"epoch": 1, "window": 2, "batch": 3}
   for a, b in zip(jax.tree.leaves(state.params) + jax.tree.leaves(state.opt_state),
                   jax.tree.leaves(restored.params) + jax.tree.leaves(restored.opt_state)):
     np.testing.assert_array_equal(a, b)
@@ -70,7 +71,8 @@ def test_run_config_record(tmp_path):
   checkpoints.save_run_config(tmp_path, cfg)
   cfg.model.d_model = 256
   cfg.data.vocab_size = 100
-  with pytest.raises(ConfigError, match=r"different config \(model.d_model, data.vocab_size\)"):
+  with pytest.raises(ConfigError, match=r"different config \(model.d_model: 512 -> 256, "
+                                       r"data.vocab_size: 37000 -> 100\); .*--allow_config_change"):
     checkpoints.save_run_config(tmp_path, cfg)
   assert checkpoints.load_run_config(tmp_path).model.d_model == 512  # nothing overwritten
   with pytest.raises(checkpoints.CheckpointError, match="not a training workdir"):

@@ -40,20 +40,20 @@ def average_checkpoints(workdir: str, last: int, output: str, step: int | None =
   if (output / checkpoints.CHECKPOINT_DIR).exists():
     raise ConfigError(f"{output} already holds checkpoints; choose a new --output")
   cfg = checkpoints.load_run_config(workdir)
-  vocab = vocab_lib.load_vocab(workdir / vocab_lib.VOCAB_FILE)
+  vocab = vocab_lib.load_run_vocab(workdir, cfg.data)
   model = Transformer(ModelConfig.from_config(cfg.model, vocab.get_piece_size()))
   abstract = abstract_train_state(cfg, model, partitioning.replicated(partitioning.data_mesh()))
   source = checkpoints.manager(workdir, read_only=True)
   steps = checkpoints.last_steps(source, last, up_to=step)
   params = checkpoints.average_params(source, abstract, steps)
-  state = checkpoints.restore(source, abstract, steps[-1]).replace(params=params)
-  data_state = checkpoints.restore_data_state(source, steps[-1])
+  state, data_state = checkpoints.restore(source, abstract, steps[-1], with_data=True)
+  state = state.replace(params=params)
   output.mkdir(parents=True, exist_ok=True)
   for name in (checkpoints.CONFIG_FILE, vocab_lib.VOCAB_FILE):
     shutil.copyfile(workdir / name, output / name)
   target = checkpoints.manager(output, keep=1)
   checkpoints.save(target, steps[-1], state, data_state)
-  target.wait_until_finished()
+  checkpoints.finish_saves(target)
   (output / AVERAGE_FILE).write_text(json.dumps(
       {"source_workdir": str(workdir.absolute()), "averaged_steps": steps}, indent=2) + "\n")
   return steps

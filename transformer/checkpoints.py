@@ -7,13 +7,22 @@
     WORKDIR/metrics.jsonl      one JSON object per logged event (metrics.py)
 
 Orbax's CheckpointManager writes asynchronously (training continues while the previous step's arrays
-are written) and atomically (a checkpoint directory appears only once complete).
+are written) and atomically: a checkpoint is written under a temporary name and renamed when complete,
+so a run killed mid-write leaves a temporary directory that is never listed (and is removed when
+training restarts). Restoring the latest checkpoint falls back to the one before if it cannot be read
+(a truncated file, a missing item), with a warning naming the broken step; training moves broken
+checkpoints to WORKDIR/broken_checkpoints/ so that the step can be written again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import re
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +33,13 @@ import orbax.checkpoint as ocp
 
 from transformer.config import ConfigError, base_config
 
+log = logging.getLogger("transformer")
+
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
+BROKEN_DIR = "broken_checkpoints"
+# Errors that mean "this checkpoint is of another model", not "this checkpoint is damaged".
+_MISMATCH = re.compile(r"not compatible with the stored shape|tree structures do not match")
 # What decides the model's shapes, its vocabulary and its training data: a resumed run must not
 # change these (batch size, schedule, steps, evaluation settings may change).
 FIXED_KEYS = {"model": None,  # every key
@@ -37,21 +51,47 @@ class CheckpointError(RuntimeError):
   """A checkpoint that is missing or cannot be restored; the message says what to do."""
 
 
-def save_run_config(workdir: str | os.PathLike, cfg: ml_collections.ConfigDict) -> None:
-  """Writes config.json (process 0), or checks that an existing one describes the same model and
-  data."""
+def check_run_config(workdir: str | os.PathLike, cfg: ml_collections.ConfigDict,
+                     allow_changes: bool = False) -> list[str]:
+  """The model and data keys in which `cfg` differs from the run already in `workdir` (none for a
+  new workdir). Raises ConfigError if there are any, unless `allow_changes`; reads only."""
   path = Path(workdir) / CONFIG_FILE
+  if not path.is_file():
+    return []
+  old = _with_defaults(json.loads(path.read_text()))
   new = json.loads(cfg.to_json_best_effort())
-  if path.is_file():
-    old = _with_defaults(json.loads(path.read_text()))
-    changed = [f"{section}.{key}" for section, fixed in FIXED_KEYS.items()
-               for key in sorted(set(old.get(section, {})) | set(new[section]))
-               if (fixed is None or key in fixed)
-               and old.get(section, {}).get(key) != new[section].get(key)]
-    if changed:
-      raise ConfigError(f"{workdir} holds a run with a different config ({', '.join(changed)}); "
-                        "use a new --workdir, or the original values to resume it")
-  path.write_text(json.dumps(new, indent=2, sort_keys=True) + "\n")
+  changed = [f"{section}.{key}: {old.get(section, {}).get(key)!r} -> {new[section].get(key)!r}"
+             for section, fixed in FIXED_KEYS.items()
+             for key in sorted(set(old.get(section, {})) | set(new[section]))
+             if (fixed is None or key in fixed)
+             and old.get(section, {}).get(key) != new[section].get(key)]
+  if changed and not allow_changes:
+    raise ConfigError(f"{workdir} holds a run with a different config ({', '.join(changed)}); use "
+                      "a new --workdir, the original values, or --allow_config_change to go on "
+                      "with the new ones")
+  return changed
+
+
+def write_run_config(workdir: str | os.PathLike, cfg: ml_collections.ConfigDict,
+                     previous_step: int | None = None) -> None:
+  """Writes config.json (process 0 only). With `previous_step`, an existing config.json that differs
+  is first kept as config.until_step<N>.json: the config that trained the run up to step N."""
+  if jax.process_index() != 0:
+    return
+  path = Path(workdir) / CONFIG_FILE
+  text = json.dumps(json.loads(cfg.to_json_best_effort()), indent=2, sort_keys=True) + "\n"
+  if previous_step is not None and path.is_file() and path.read_text() != text:
+    path.replace(path.with_name(f"config.until_step{previous_step}.json"))
+  tmp = path.with_name(CONFIG_FILE + ".tmp")
+  tmp.write_text(text)
+  tmp.replace(path)
+
+
+def save_run_config(workdir: str | os.PathLike, cfg: ml_collections.ConfigDict) -> None:
+  """Checks `cfg` against the run in `workdir` (ConfigError if the model or data differ) and writes
+  config.json."""
+  check_run_config(workdir, cfg)
+  write_run_config(workdir, cfg)
 
 
 def load_run_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
@@ -79,59 +119,138 @@ def _with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
 
 def manager(workdir: str | os.PathLike, keep: int = 5, read_only: bool = False
             ) -> ocp.CheckpointManager:
-  """A CheckpointManager over WORKDIR/checkpoints: asynchronous saves, keeps the last `keep`."""
+  """A CheckpointManager over WORKDIR/checkpoints: asynchronous saves, keeps the last `keep`, and
+  (when writing) removes the temporary directories of saves that were cut short."""
   if read_only:
     options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0)
   else:
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True)
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True,
+                                           cleanup_tmp_directories=True)
   return ocp.CheckpointManager(Path(workdir).absolute() / CHECKPOINT_DIR, options=options)
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state: Any, data_state: dict[str, int]) -> None:
-  """Starts an asynchronous save of the train state and the input pipeline's position at `step`."""
-  mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                          data=ocp.args.JsonSave(data_state)), force=True)
+  """Starts an asynchronous save of the train state and the input pipeline's position at `step`.
+
+  Returns once the arrays are copied off the accelerator; raises CheckpointError if an earlier
+  asynchronous save failed (e.g. the disk is full)."""
+  with _write_errors(mngr):
+    mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                            data=ocp.args.JsonSave(data_state)), force=True)
 
 
-def _checked_step(mngr: ocp.CheckpointManager, step: int | None) -> int:
-  steps = mngr.all_steps()
+def finish_saves(mngr: ocp.CheckpointManager) -> None:
+  """Waits for the asynchronous save in flight; raises CheckpointError if it failed."""
+  with _write_errors(mngr):
+    mngr.wait_until_finished()
+
+
+def check_saves(mngr: ocp.CheckpointManager) -> None:
+  """Raises CheckpointError if an asynchronous save has failed (cheap: does not wait)."""
+  with _write_errors(mngr):
+    mngr.check_for_errors()
+
+
+@contextlib.contextmanager
+def _write_errors(mngr: ocp.CheckpointManager):
+  """Turns an Orbax write failure (often raised by a later call) into one CheckpointError line."""
+  try:
+    yield
+  except CheckpointError:
+    raise
+  except Exception as e:  # noqa: BLE001  Orbax and TensorStore raise many kinds
+    steps = mngr.all_steps()
+    kept = (f"the latest complete checkpoint is step {max(steps)}" if steps else
+            "no checkpoint is complete yet")
+    raise CheckpointError(f"could not write a checkpoint to {mngr.directory}: "
+                          f"{describe_os_error(e)}; {kept}. Free space (or fix the directory) and "
+                          "run the same command again to resume") from None
+
+
+def describe_os_error(error: BaseException) -> str:
+  """The operating system's reason inside an error from Orbax or TensorStore, e.g. 'No space left
+  on device', else the error's first line."""
+  if isinstance(error, OSError) and error.strerror:
+    return error.strerror
+  code = re.search(r"os_error_code='?(\d+)", str(error))
+  if code:
+    return os.strerror(int(code.group(1)))
+  first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+  return f"{type(error).__name__}: {first[:200]}"
+
+
+def _available_steps(mngr: ocp.CheckpointManager, step: int | None) -> list[int]:
+  """All steps, newest first, or just `step` (which must exist)."""
+  steps = sorted(mngr.all_steps(), reverse=True)
   if not steps:
     raise CheckpointError(f"no checkpoint in {mngr.directory}; train first, or check --workdir")
-  if step is None:
-    return max(steps)
-  if step not in steps:
+  if step is not None and step not in steps:
     raise CheckpointError(f"no checkpoint for step {step} in {mngr.directory}; "
                           f"available steps: {', '.join(map(str, sorted(steps)))}")
-  return step
+  return [step] if step is not None else steps
 
 
-def restore(mngr: ocp.CheckpointManager, abstract_state: Any, step: int | None = None) -> Any:
-  """Restores `step` (default: the latest) into the shapes, dtypes and shardings of `abstract_state`."""
-  step = _checked_step(mngr, step)
-  try:
-    return mngr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state))).state
-  except (ValueError, KeyError, FileNotFoundError) as e:
-    raise CheckpointError(f"checkpoint {step} in {mngr.directory} does not match this model "
-                          f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+def _restore_one(mngr: ocp.CheckpointManager, step: int, abstract_state: Any,
+                 with_data: bool) -> tuple[Any, dict[str, int] | None]:
+  items = {"state": ocp.args.StandardRestore(abstract_state)}
+  if with_data:
+    items["data"] = ocp.args.JsonRestore()
+  restored = mngr.restore(step, args=ocp.args.Composite(**items))
+  return restored.state, (dict(restored.data) if with_data else None)
 
 
-def restore_data_state(mngr: ocp.CheckpointManager, step: int) -> dict[str, int]:
-  """The input pipeline's position saved with checkpoint `step`."""
-  step = _checked_step(mngr, step)
-  try:
-    return dict(mngr.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore())).data)
-  except (ValueError, KeyError, FileNotFoundError) as e:
-    raise CheckpointError(f"checkpoint {step} in {mngr.directory} has no input-pipeline position "
-                          f"({type(e).__name__}); it was written by an older version: start a new "
-                          "--workdir") from None
+def restore(mngr: ocp.CheckpointManager, abstract_state: Any, step: int | None = None,
+            with_data: bool = False) -> Any:
+  """Restores checkpoint `step` into the shapes, dtypes and shardings of `abstract_state`.
+
+  Without `step`, the latest checkpoint that can be read: a damaged one (truncated or missing file,
+  missing item) is skipped with a warning naming it. A checkpoint of another model is an error at
+  once. With `with_data`, returns (state, input-pipeline position).
+  """
+  failures = []
+  for candidate in _available_steps(mngr, step):
+    try:
+      state, data = _restore_one(mngr, candidate, abstract_state, with_data)
+    except Exception as e:  # noqa: BLE001  Orbax and TensorStore raise many kinds
+      if _MISMATCH.search(str(e)):
+        raise CheckpointError(f"checkpoint {candidate} in {mngr.directory} does not match this "
+                              f"model ({str(e).splitlines()[0][:200]}); evaluate or resume it "
+                              "with the config it was trained with") from None
+      reason = describe_os_error(e)
+      failures.append(f"step {candidate} ({reason})")
+      log.warning("checkpoint %d in %s cannot be restored (%s)%s", candidate, mngr.directory,
+                  reason, "; trying the one before" if step is None else "")
+      continue
+    if failures:
+      log.warning("restored checkpoint %d instead of the broken %s", candidate,
+                  ", ".join(f.split(" (")[0] for f in failures))
+    return (state, data) if with_data else state
+  which = f"checkpoint {step}" if step is not None else "no checkpoint"
+  raise CheckpointError(f"{which} in {mngr.directory} can be restored: {'; '.join(failures)}. "
+                        "Copy intact checkpoints back, or start a new --workdir")
+
+
+def move_broken(mngr: ocp.CheckpointManager, after: int) -> list[int]:
+  """Moves the checkpoints newer than `after` (those a restore skipped as broken) to
+  WORKDIR/broken_checkpoints/, kept for inspection, so that training can write those steps again.
+  Process 0 moves; returns the steps."""
+  steps = [s for s in mngr.all_steps() if s > after]
+  if jax.process_index() == 0:
+    for step in steps:
+      target = Path(mngr.directory).parent / BROKEN_DIR / str(step)
+      target.parent.mkdir(exist_ok=True)
+      if target.exists():
+        shutil.rmtree(target)
+      (Path(mngr.directory) / str(step)).rename(target)
+  mngr.reload()
+  return steps
 
 
 def last_steps(mngr: ocp.CheckpointManager, count: int, up_to: int | None = None) -> list[int]:
   """The `count` most recent checkpoint steps (those <= `up_to` if given), oldest first."""
   steps = sorted(mngr.all_steps())
   if up_to is not None:
-    _checked_step(mngr, up_to)
+    _available_steps(mngr, up_to)
     steps = [s for s in steps if s <= up_to]
   if count < 1 or count > len(steps):
     raise CheckpointError(f"cannot average the last {count} checkpoints: {mngr.directory} has "
@@ -154,3 +273,24 @@ def average_params(mngr: ocp.CheckpointManager, abstract_state: Any, steps: list
     total = params if total is None else jax.tree.map(jnp.add, total, params)
     del params
   return jax.tree.map(lambda x: x / len(steps), total)
+
+
+def quiet_background_failures() -> None:
+  """Keeps the leftovers of a failed Orbax read or write off the terminal.
+
+  When a read of a damaged checkpoint fails, TensorStore callbacks still pending on Orbax's closed
+  event loop raise "Event loop is closed" (and the abandoned reads their own errors) as
+  thousands of lines of unraisable-exception tracebacks. The failure itself reaches the caller as
+  an exception, which the programs report in one line; these echoes are dropped.
+  """
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    text = f"{unraisable.exc_value} {unraisable.object!r}"
+    if "Event loop is closed" in text or "_read_array_index_and_device_put" in text:
+      return
+    previous(unraisable)
+
+  if getattr(previous, "__name__", "") != "orbax_echo_filter":
+    hook.__name__ = "orbax_echo_filter"
+    sys.unraisablehook = hook

@@ -62,14 +62,26 @@ def run_program(program: str, main: Callable[[list[str]], None]) -> None:
   """absl's app.run with one-line flag errors, and our log set-up once absl has made its own."""
   def main_with_logging(argv: list[str]) -> None:
     setup_logging()
-    main(argv)
+    try:
+      main(argv)
+    except KeyboardInterrupt:  # (training stops cleanly at the first Ctrl-C; this is the second)
+      print(f"{program}: interrupted", file=sys.stderr)
+      sys.exit(130)  # the shell's status for SIGINT
   app.run(main_with_logging, flags_parser=flags_parser(program))
 
 
 def setup_logging() -> None:
-  """Our INFO lines, timestamped on stderr; libraries (Orbax, absl, JAX) only from WARNING up."""
-  for library in ("absl", "jax"):
-    logging.getLogger(library).setLevel(logging.WARNING)
+  """Our INFO lines, timestamped on stderr; JAX's only from WARNING up.
+
+  Orbax logs through absl, and reports a failed background read or write as pages of ERROR lines
+  and asyncio tracebacks before raising it to us; the programs turn the raised error into one line
+  (checkpoints.py), so those echoes are kept off the terminal.
+  """
+  from transformer.checkpoints import quiet_background_failures
+  logging.getLogger("jax").setLevel(logging.WARNING)
+  for library in ("absl", "asyncio"):
+    logging.getLogger(library).setLevel(logging.CRITICAL)
+  quiet_background_failures()
   logger = logging.getLogger("transformer")
   if not logger.handlers:
     handler = logging.StreamHandler(sys.stderr)

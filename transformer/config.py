@@ -18,6 +18,7 @@ VOCAB_MODEL_TYPES = ("bpe", "unigram")
 BATCHING_MODES = ("bucket", "pack")
 ATTENTION_KERNELS = ("auto", "xla", "cudnn", "reference")
 REMAT_MODES = ("none", "full", "dots")
+NONFINITE_POLICIES = ("stop", "skip")
 
 
 class ConfigError(ValueError):
@@ -93,6 +94,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.checkpoint_every = 1000
   c.train.checkpoint_minutes = 0.0  # also save every this many minutes (checked at progress lines); 0 = off
   c.train.keep_checkpoints = 5
+  c.train.on_nonfinite = "stop"     # a NaN/inf loss or gradient: 'stop' (save the last good state
+                                    # and the batch) or 'skip' (drop that update, count it, go on).
 
   c.decode = ml_collections.ConfigDict()
   c.decode.beam_size = 4
@@ -178,6 +181,7 @@ def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _choice(cfg, "data.batching", BATCHING_MODES)
   _choice(cfg, "model.attention", ATTENTION_KERNELS)
   _choice(cfg, "model.remat", REMAT_MODES)
+  _choice(cfg, "train.on_nonfinite", NONFINITE_POLICIES)
   if not isinstance(cfg.model.scan_layers, bool):
     raise ConfigError(f"config.model.scan_layers must be True or False, got {cfg.model.scan_layers!r}")
   for axis in ("data", "fsdp", "tensor"):

@@ -48,7 +48,7 @@ def load_model(workdir: str | Path, step: int | None = None, average_last: int =
   """(config, vocabulary, model, parameters, steps) of a training workdir's checkpoint, or the mean
   parameters of its last `average_last` checkpoints (up to `step` if given)."""
   cfg = checkpoints.load_run_config(workdir)
-  vocab = vocab_lib.load_vocab(Path(workdir) / vocab_lib.VOCAB_FILE)
+  vocab = vocab_lib.load_run_vocab(workdir, cfg.data)
   model = Transformer(ModelConfig.from_config(cfg.model, vocab.get_piece_size()))
   mesh = partitioning.data_mesh()
   mngr = checkpoints.manager(workdir, read_only=True)

@@ -35,7 +35,12 @@ def read_metrics(workdir: str | os.PathLike, event: str | None = None) -> list[d
   path = Path(workdir) / METRICS_FILE
   if not path.is_file():
     return []
-  records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  records = []
+  for line in path.read_text().splitlines():
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError:
+      continue  # the half-written last line of a run that was killed
   return [r for r in records if event is None or r["event"] == event]
 
 

@@ -9,7 +9,13 @@ the batch rows split over the data-parallel axes. The loop logs a progress line 
 (teacher-forced, cheap; BLEU is the separate evaluation program's job), saves Orbax checkpoints
 asynchronously every `train.checkpoint_every` steps and, if `train.checkpoint_minutes` is set, at
 the first progress line after that many minutes (the paper's 10-minute cadence), and resumes from the
-latest one when restarted.
+latest readable one when restarted: same parameters, Adam state, step, dropout keys (a function of
+seed and step) and input position, so an interrupted run ends bit-identical to an uninterrupted one.
+
+Start-up checks everything (config, data, vocabulary, checkpoints, the first batch) before it writes
+anything but the vocabulary. SIGTERM/SIGINT stop after the current step with a checkpoint
+(preemption.py); a non-finite loss or gradient stops with the last good state and the batch saved,
+or is skipped (faults.py).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import logging
 import sys
 import time
@@ -33,7 +40,7 @@ from absl import app, flags
 from flax.training import train_state
 from ml_collections import config_flags
 
-from transformer import checkpoints, partitioning
+from transformer import checkpoints, faults, partitioning, preemption
 from transformer.cli import (
   define_distributed_flags,
   initialize_distributed,
@@ -120,14 +127,21 @@ def forward(apply_fn, params: Any, batch: dict[str, jax.Array], **kwargs) -> jax
   return apply_fn({"params": params}, batch["src"], tgt_in, **packing, **kwargs)
 
 
-def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_rng: jax.Array, *,
-               smoothing: float, accum_steps: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
+def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_rng: jax.Array,
+               healthy: jax.Array | bool = True, *, smoothing: float, accum_steps: int = 1,
+               skip_nonfinite: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
   """One Adam update on the mean label-smoothed loss per target token of the (global) batch.
 
   With `accum_steps` > 1 the batch is split into that many micro-batches whose summed gradients make
   the same update (up to float rounding and dropout masks) with a fraction of the activation memory:
   how one GPU follows the paper's 25k-token batches. Micro-batch k takes rows k, k + A, k + 2A, ...,
   so each device keeps working on its own rows.
+
+  An update whose loss or gradient is not finite is never applied: the parameters and Adam state
+  stay as they were (sums['finite'] = 0). With `skip_nonfinite` the step counter still advances
+  (the batch is skipped). Otherwise the step is a no-op and sums['healthy'] turns false; fed back
+  as `healthy`, it makes every later step a no-op too, so the trainer, which looks at the flags
+  only when it syncs with the device anyway, finds the state exactly as it was before the bad step.
   """
   rng = jax.random.fold_in(dropout_rng, state.step)
 
@@ -155,14 +169,25 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_rng: jax.
     (grads, sums), _ = jax.lax.scan(accumulate, zeros, (micro_batches, jnp.arange(accum_steps)))
   grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
   sums["grad_norm"] = optax.tree.norm(grads)
-  return state.apply_gradients(grads=grads), sums
+  finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(sums["grad_norm"])
+  apply = finite if skip_nonfinite else finite & healthy
+  updated = state.apply_gradients(grads=grads)
+  keep_if_bad = lambda new, old: jnp.where(apply, new, old)
+  new_state = updated.replace(
+      step=state.step + 1 if skip_nonfinite else state.step + apply.astype(jnp.int32),
+      params=jax.tree.map(keep_if_bad, updated.params, state.params),
+      opt_state=jax.tree.map(keep_if_bad, updated.opt_state, state.opt_state))
+  sums["finite"] = finite.astype(jnp.float32)
+  sums["healthy"] = jnp.asarray(True) if skip_nonfinite else apply
+  return new_state, sums
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainFunctions:
   """The jit-compiled training functions for one model on one mesh, and the state's layout.
 
-  `init(rng) -> state`; `step(state, batch, dropout_rng) -> (state, sums)`, donating the old state;
+  `init(rng) -> state`; `step(state, batch, dropout_rng[, healthy]) -> (state, sums)`, donating the
+  old state;
   `abstract_state`: shapes, dtypes and shardings of the state (the checkpoint restore target).
   Training and the benchmark both use these, so they time exactly what trains.
   """
@@ -181,7 +206,8 @@ def jit_train_fns(cfg: ml_collections.ConfigDict, model: Transformer,
   replicated = partitioning.replicated(mesh)
   init = jax.jit(init_fn, out_shardings=shardings)
   step = jax.jit(functools.partial(train_step, smoothing=cfg.train.label_smoothing,
-                                   accum_steps=cfg.train.grad_accum_steps),
+                                   accum_steps=cfg.train.grad_accum_steps,
+                                   skip_nonfinite=cfg.train.on_nonfinite == "skip"),
                  out_shardings=(shardings, replicated), donate_argnums=(0,))
   abstract = partitioning.with_sharding(jax.eval_shape(init_fn, jax.random.PRNGKey(0)), shardings)
   return TrainFunctions(init=init, step=partitioning.with_mesh(step, mesh),
@@ -208,12 +234,15 @@ def evaluate_loss(eval_fn, params: Any, batches: Iterable[dict[str, np.ndarray]]
 # --------------------------------------------------------------------------------------- the loop
 
 def interval_record(step_sums: list[dict[str, np.ndarray]], seconds: float) -> dict[str, float]:
-  """Per-token averages of the steps since the last progress line, and their throughput."""
+  """Per-token averages of the steps since the last progress line (skipped non-finite updates left
+  out), and the throughput of all of them."""
   tokens = sum(float(s["tokens"]) for s in step_sums)
-  return {"loss": sum(float(s["loss"]) for s in step_sums) / tokens,
-          "nll": sum(float(s["nll"]) for s in step_sums) / tokens,
-          "accuracy": sum(float(s["correct"]) for s in step_sums) / tokens,
-          "grad_norm": float(np.mean([s["grad_norm"] for s in step_sums])),
+  good = [s for s in step_sums if s.get("finite", 1.0)]
+  good_tokens = sum(float(s["tokens"]) for s in good) or float("nan")
+  return {"loss": sum(float(s["loss"]) for s in good) / good_tokens,
+          "nll": sum(float(s["nll"]) for s in good) / good_tokens,
+          "accuracy": sum(float(s["correct"]) for s in good) / good_tokens,
+          "grad_norm": float(np.mean([s["grad_norm"] for s in good])) if good else float("nan"),
           "tokens": tokens, "tokens_per_sec": tokens / seconds}
 
 
@@ -259,88 +288,214 @@ def minutes_since(t: float) -> float:
   return float(elapsed)
 
 
-def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains (or resumes) the run in `workdir` up to `cfg.train.steps`; returns a summary."""
-  validate(cfg)
-  workdir = Path(workdir)
+@contextlib.contextmanager
+def _undone_if_failed(workdir: Path):
+  """Start-up creates only the workdir and its vocab.model; if start-up fails (bad data, a broken
+  checkpoint, ...) they are removed again, so a failed start leaves the disk as it found it."""
+  missing = [p for p in (workdir, *workdir.parents) if not p.exists()]  # deepest first
+  vocab_path = workdir / vocab_lib.VOCAB_FILE
+  had_vocab = vocab_path.exists()
+  try:
+    yield
+  except BaseException:
+    if jax.process_index() == 0:
+      if not had_vocab:
+        vocab_path.unlink(missing_ok=True)
+      for directory in missing:
+        with contextlib.suppress(OSError):
+          directory.rmdir()  # only if empty
+    raise
+
+
+@dataclasses.dataclass
+class Run:
+  """Everything a started run needs; made by `start_run` before anything is written."""
+  cfg: ml_collections.ConfigDict
+  workdir: Path
+  vocab: Any
+  train_pipeline: pipeline.InputPipeline
+  eval_batches: list[dict[str, np.ndarray]]
+  mesh: jax.sharding.Mesh
+  model: Transformer
+  fns: TrainFunctions
+  state: TrainState
+  data_state: pipeline.PipelineState
+  batches: Any          # the training batch generator, positioned at data_state
+  first_batch: Any      # its first (batch, state after it), already read (None if nothing to do)
+  broken_after: int | None  # restored a checkpoint older than broken ones: their steps are > this
+
+
+def start_run(cfg: ml_collections.ConfigDict, workdir: Path) -> Run:
+  """Checks what can go wrong before training (data, vocabulary, checkpoints, the first batch) and
+  restores or initializes the state; writes nothing but the workdir and its vocabulary."""
   workdir.mkdir(parents=True, exist_ok=True)
-  leader_first("run config", lambda: checkpoints.save_run_config(workdir, cfg))
   vocab, train_pipeline, eval_batches = prepare_data(cfg, workdir, num_devices=jax.device_count())
   mesh = partitioning.make_mesh(cfg, vocab.get_piece_size())
-
   model = Transformer(ModelConfig.from_config(cfg.model, vocab.get_piece_size()))
-  replicated = partitioning.replicated(mesh)
-  init_rng = jax.random.PRNGKey(cfg.seed)
-  dropout_rng = jax.random.key(cfg.seed + 1, impl=cfg.train.dropout_rng)
   fns = jit_train_fns(cfg, model, mesh)
-  mngr = checkpoints.manager(workdir, keep=cfg.train.keep_checkpoints)
-  data_state = pipeline.PipelineState()
-  if mngr.latest_step() is not None:
-    state = checkpoints.restore(mngr, fns.abstract_state)
-    data_state = pipeline.PipelineState.from_dict(
-        checkpoints.restore_data_state(mngr, int(state.step)))
+  data_state, broken_after = pipeline.PipelineState(), None
+  reader = checkpoints.manager(workdir, read_only=True)
+  if reader.all_steps():
+    state, data = checkpoints.restore(reader, fns.abstract_state, with_data=True)
+    data_state = pipeline.PipelineState.from_dict(data)
+    if int(state.step) < max(reader.all_steps()):
+      broken_after = int(state.step)
     log.info("Resumed from the checkpoint at step %d (data: epoch %d, window %d, batch %d)",
              int(state.step), data_state.epoch, data_state.window, data_state.batch)
   else:
-    state = fns.init(init_rng)
-  n_params = sum(x.size for x in jax.tree.leaves(state.params))
-  log.info("Model: %s parameters; %d devices (%s) in %d process(es); mesh %s", f"{n_params:,}",
-           mesh.size, jax.devices()[0].platform, jax.process_count(),
-           " x ".join(f"{axis} {size}" for axis, size in mesh.shape.items()))
+    state = fns.init(jax.random.PRNGKey(cfg.seed))
+  batches = train_pipeline.batches(data_state)
+  first = next(batches) if int(state.step) < cfg.train.steps else None  # e.g. all pairs filtered
+  return Run(cfg, workdir, vocab, train_pipeline, eval_batches, mesh, model, fns, state, data_state,
+             batches, first, broken_after)
 
-  eval_fn = partitioning.with_mesh(
-      jax.jit(functools.partial(eval_step, model=model), out_shardings=replicated), mesh)
+
+def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str,
+                       allow_config_change: bool = False) -> dict[str, Any]:
+  """Trains (or resumes) the run in `workdir` up to `cfg.train.steps`; returns a summary.
+
+  Raises preemption.Interrupted after a SIGTERM/SIGINT (a checkpoint saved), faults.NonFiniteError
+  at a non-finite loss or gradient (train.on_nonfinite='stop'), and ConfigError, DataError or
+  CheckpointError for bad input, before writing anything.
+  """
+  validate(cfg)
+  workdir = Path(workdir)
+  changed = checkpoints.check_run_config(workdir, cfg, allow_config_change)
+  with _undone_if_failed(workdir):
+    run = start_run(cfg, workdir)
+  start = int(run.state.step)
+  # Start-up succeeded: from here on the run writes.
+  if changed:
+    log.warning("Continuing %s with a changed config (--allow_config_change): %s; the old one is "
+                "kept as config.until_step%d.json", workdir, ", ".join(changed), start)
+  leader_first("run config", lambda: checkpoints.write_run_config(
+      workdir, cfg, previous_step=start if changed else None))
+  reader = checkpoints.manager(workdir, read_only=True)
+  if run.broken_after is not None:
+    moved = leader_first("broken checkpoints", lambda: checkpoints.move_broken(reader,
+                                                                               run.broken_after))
+    log.warning("Moved the broken checkpoint(s) %s to %s", ", ".join(map(str, moved)),
+                workdir / checkpoints.BROKEN_DIR)
+  mngr = checkpoints.manager(workdir, keep=cfg.train.keep_checkpoints)
+  n_params = sum(x.size for x in jax.tree.leaves(run.state.params))
+  log.info("Model: %s parameters; %d devices (%s) in %d process(es); mesh %s", f"{n_params:,}",
+           run.mesh.size, jax.devices()[0].platform, jax.process_count(),
+           " x ".join(f"{axis} {size}" for axis, size in run.mesh.shape.items()))
+  with contextlib.closing(run.batches), preemption.StopRequests() as stop:  # closing: its thread
+    summary = _train_loop(run, mngr, stop)
+  summary["parameters"] = n_params
+  return summary
+
+
+def _train_loop(run: Run, mngr, stop: preemption.StopRequests) -> dict[str, Any]:
+  cfg, workdir, mesh, state = run.cfg, run.workdir, run.mesh, run.state
+  eval_fn = partitioning.with_mesh(jax.jit(functools.partial(eval_step, model=run.model),
+                                           out_shardings=partitioning.replicated(mesh)), mesh)
   schedule = learning_rate_schedule(cfg.model.d_model, cfg.train.warmup_steps,
                                     cfg.train.learning_rate)
+  dropout_rng = jax.random.key(cfg.seed + 1, impl=cfg.train.dropout_rng)
   writer = MetricWriter(workdir)
-  start = int(state.step)
-  total = cfg.train.steps
+  watch = faults.NonFiniteWatch(skip=cfg.train.on_nonfinite == "skip")
+  start, total = int(state.step), cfg.train.steps
   if start >= total:
     log.info("Already trained to step %d (train.steps = %d); nothing to do", start, total)
+  batches = itertools.chain([run.first_batch] if run.first_batch else [], run.batches)
+  data_state, healthy = run.data_state, jnp.asarray(True)
   t_start = time.time()
   interval_start, interval_sums = time.time(), []
   tokens_seen = 0.0
   minutes = cfg.train.checkpoint_minutes  # the wall-clock cadence; 0 = off
-  last_save = time.time()
-  with contextlib.closing(train_pipeline.batches(data_state)) as batches:  # stops its thread
-    for step in range(start, total):
-      batch, data_state = next(batches)
-      state, sums = fns.step(state, partitioning.shard_batch(batch, mesh), dropout_rng)
-      interval_sums.append(sums)  # fetched only when logging, so the host never waits on the device
-      done = step + 1
-      if done % cfg.train.log_every == 0 or done == total:
-        step_sums = jax.device_get(interval_sums)  # waits for the device to finish the interval
-        now = time.time()
-        record = interval_record(step_sums, now - interval_start)
-        record.update(learning_rate=float(schedule(step)),
-                      epoch=train_pipeline.epoch_fraction(data_state), elapsed=now - t_start)
-        tokens_seen += record.pop("tokens")
-        writer.write("train", done, **record)
-        eta = record["elapsed"] / (done - start) * (total - done)
-        log.info("step %d/%d | loss %.3f | nll %.3f | lr %.2e | %.0f tok/s | elapsed %s | ETA %s",
-                 done, total, record["loss"], record["nll"], record["learning_rate"],
-                 record["tokens_per_sec"], format_duration(record["elapsed"]), format_duration(eta))
-        interval_start, interval_sums = time.time(), []
-      if done % cfg.train.eval_every == 0 or done == total:
-        metrics = evaluate_loss(eval_fn, state.params, eval_batches, mesh)
-        writer.write("eval", done, **metrics)
-        log.info("eval at step %d | nll %.3f | perplexity %.2f | accuracy %.3f", done,
-                 metrics["nll"], metrics["perplexity"], metrics["accuracy"])
-      if (done % cfg.train.checkpoint_every == 0 or done == total
-          or (minutes and done % cfg.train.log_every == 0 and minutes_since(last_save) >= minutes)):
-        checkpoints.save(mngr, done, state, data_state.to_dict())
-        last_save = time.time()
-  mngr.wait_until_finished()
+  last_save, saved_step = time.time(), start
+
+  def save(step: int, state: TrainState, position: pipeline.PipelineState) -> None:
+    nonlocal last_save, saved_step
+    t = time.perf_counter()
+    checkpoints.save(mngr, step, state, position.to_dict())
+    blocked = time.perf_counter() - t
+    writer.write("checkpoint", step, blocking_sec=blocked)
+    log.info("checkpoint at step %d (training paused %.3fs; written in the background)", step,
+             blocked)
+    last_save, saved_step = time.time(), step
+
+  for step in range(start, total):
+    batch, next_data_state = next(batches)
+    state, sums = run.fns.step(state, partitioning.shard_batch(batch, mesh), dropout_rng, healthy)
+    healthy = sums["healthy"]  # stays on the device: see train_step
+    watch.record(step + 1, batch, data_state, sums)
+    data_state = next_data_state
+    interval_sums.append(sums)  # fetched only when logging, so the host never waits on the device
+    done = step + 1
+    log_due = done % cfg.train.log_every == 0 or done == total
+    eval_due = done % cfg.train.eval_every == 0 or done == total
+    save_due = (done % cfg.train.checkpoint_every == 0 or done == total
+                or (minutes and log_due and minutes_since(last_save) >= minutes))
+    stop_due = stop.requested(done)
+    if not (log_due or eval_due or save_due or stop_due):
+      continue
+    bad = watch.check()  # the device catches up here anyway
+    if bad is not None:
+      _stop_at_nonfinite(run, mngr, state, bad, writer)
+    if log_due:
+      step_sums = jax.device_get(interval_sums)
+      now = time.time()
+      record = interval_record(step_sums, now - interval_start)
+      record.update(learning_rate=float(schedule(step)),
+                    epoch=run.train_pipeline.epoch_fraction(data_state), elapsed=now - t_start,
+                    skipped_updates=watch.skipped)
+      tokens_seen += record.pop("tokens")
+      writer.write("train", done, **record)
+      eta = record["elapsed"] / (done - start) * (total - done)
+      log.info("step %d/%d | loss %.3f | nll %.3f | lr %.2e | %.0f tok/s | elapsed %s | ETA %s",
+               done, total, record["loss"], record["nll"], record["learning_rate"],
+               record["tokens_per_sec"], format_duration(record["elapsed"]), format_duration(eta))
+      checkpoints.check_saves(mngr)  # a failed background write (disk full) stops the run here
+      interval_start, interval_sums = time.time(), []
+    if eval_due:
+      metrics = evaluate_loss(eval_fn, state.params, run.eval_batches, mesh)
+      writer.write("eval", done, **metrics)
+      log.info("eval at step %d | nll %.3f | perplexity %.2f | accuracy %.3f", done,
+               metrics["nll"], metrics["perplexity"], metrics["accuracy"])
+    if save_due or (stop_due and saved_step != done):
+      save(done, state, data_state)
+    if stop_due:
+      checkpoints.finish_saves(mngr)
+      writer.write("interrupted", done, signal=stop.signal_name)
+      raise preemption.Interrupted(
+          f"stopped by {stop.signal_name} after step {done}/{total}; the checkpoint at step {done} "
+          f"is in {mngr.directory}. Run the same command again to resume")
+  checkpoints.finish_saves(mngr)
   train_time = time.time() - t_start
   summary = {"steps": total, "resumed_from": start, "train_time_sec": train_time,
              "tokens_per_sec": tokens_seen / train_time if train_time and tokens_seen else None,
-             "parameters": n_params}
+             "skipped_updates": watch.skipped}
   if total > start:
     writer.write("summary", total, **summary)
     log.info("Trained steps %d-%d in %s (%.0f target tokens/s). Next: transformer-eval "
              "--workdir=%s", start, total, format_duration(train_time), summary["tokens_per_sec"],
              workdir)
   return summary
+
+
+def _stop_at_nonfinite(run: Run, mngr, state: TrainState, bad: faults.StepRecord,
+                       writer: MetricWriter) -> None:
+  """Saves the state from before the bad step (unless that checkpoint exists) and its batch, then
+  raises NonFiniteError."""
+  last_good = bad.number - 1
+  assert int(state.step) == last_good, (int(state.step), last_good)  # later steps were no-ops
+  loss, grad_norm = (float(x) for x in jax.device_get((bad.sums["loss"] / bad.sums["tokens"],
+                                                       bad.sums["grad_norm"])))
+  checkpoints.finish_saves(mngr)
+  if last_good not in mngr.all_steps():
+    checkpoints.save(mngr, last_good, state, bad.data_before.to_dict())
+    checkpoints.finish_saves(mngr)
+  batch_file = (faults.write_batch(run.workdir, bad, run.vocab) if jax.process_index() == 0
+                else run.workdir / faults.BATCH_DIR)
+  writer.write("nonfinite", bad.number, loss=loss, grad_norm=grad_norm)
+  raise faults.NonFiniteError(
+      f"non-finite loss or gradient at step {bad.number} (loss {loss:.4g}, gradient norm "
+      f"{grad_norm:.4g}); the last good state is the checkpoint at step {last_good} in "
+      f"{mngr.directory} and the batch is in {batch_file}. Lower train.learning_rate or raise "
+      "train.warmup_steps, or set train.on_nonfinite=skip to skip such updates")
 
 
 # ---------------------------------------------------------------------------------- command line
@@ -352,8 +507,12 @@ def main(argv: list[str]) -> None:
     raise app.UsageError("pass --config=configs/multi30k.py (or another config) and --workdir=DIR")
   try:
     initialize_distributed()
-    train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except (ConfigError, sources.DataError, checkpoints.CheckpointError, DistributedError) as e:
+    train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
+  except preemption.Interrupted as e:
+    print(f"transformer-train: {e}", file=sys.stderr)
+    sys.exit(preemption.EXIT_INTERRUPTED)
+  except (ConfigError, sources.DataError, checkpoints.CheckpointError, DistributedError,
+          faults.NonFiniteError) as e:
     sys.exit(f"transformer-train: error: {e}")
 
 
@@ -363,6 +522,9 @@ def run() -> None:
                                   "configs/multi30k.py or configs/wmt14_ende.py:big.")
   flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary and metrics (shared "
                       "by all processes of a multi-host job).")
+  flags.DEFINE_bool("allow_config_change", False, "Continue a workdir whose run has a different "
+                    "model or data config (e.g. fine-tuning with another dropout or data); the old "
+                    "config.json is kept as config.until_step<N>.json.")
   define_distributed_flags()
   run_program("transformer-train", main)
 

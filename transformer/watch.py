@@ -62,6 +62,7 @@ def watch(workdir: str, poll_seconds: float = 60, idle_minutes: float = 0, **dec
         report = evaluate(str(workdir), step=step, compiled_cache=compiled, **decode)
       except checkpoints.CheckpointError as e:
         log.warning("skipping checkpoint %d: %s", step, e)
+        done.add(step)  # deleted by keep-N, or broken: not tried again
         continue
       done.add(step)
       evaluated.append(step)

@@ -60,7 +60,27 @@ def train_vocab(sentences: Sequence[str], path: str | os.PathLike, vocab_size: i
 def load_vocab(path: str | os.PathLike) -> spm.SentencePieceProcessor:
   if not Path(path).is_file():
     raise DataError(f"vocabulary file not found: {path}")
-  return spm.SentencePieceProcessor(model_file=str(path))
+  try:
+    return spm.SentencePieceProcessor(model_file=str(path))
+  except (RuntimeError, OSError) as e:
+    raise DataError(f"{path} is not a SentencePiece model ({str(e).strip().splitlines()[0]})"
+                    ) from None
+
+
+def load_run_vocab(workdir: str | os.PathLike, data: ml_collections.ConfigDict
+                   ) -> spm.SentencePieceProcessor:
+  """WORKDIR/vocab.model, checked against the run's config.data.vocab_size (the number of embedding
+  rows in its checkpoints)."""
+  path = Path(workdir) / VOCAB_FILE
+  if not path.is_file():
+    raise DataError(f"vocabulary file not found: {path}; a run's checkpoints need the vocabulary "
+                    "they were trained with: copy that run's vocab.model back")
+  vocab = load_vocab(path)
+  if vocab.get_piece_size() != data.vocab_size:
+    raise DataError(f"{path} has {vocab.get_piece_size()} pieces but the run was trained with "
+                    f"config.data.vocab_size={data.vocab_size}: it is not this run's vocabulary; "
+                    "copy the run's own vocab.model back, or use a new workdir")
+  return vocab
 
 
 def sample_sentences(source, num_pairs: int, seed: int) -> list[str]:
@@ -101,12 +121,10 @@ def vocab_for_run(workdir: str | os.PathLike, data: ml_collections.ConfigDict, s
   this dataset and setting, trained on a sample of `source` and cached first if there is none."""
   path = Path(workdir) / VOCAB_FILE
   if path.is_file():
-    vocab = load_vocab(path)
-    if vocab.get_piece_size() != data.vocab_size:
-      raise DataError(f"{path} has {vocab.get_piece_size()} pieces but config.data.vocab_size is "
-                      f"{data.vocab_size}; use a new workdir or the original vocabulary size")
-    return vocab
-  shutil.copyfile(cached_vocab(data, source, seed), path)
+    return load_run_vocab(workdir, data)
+  tmp = path.with_name(VOCAB_FILE + ".tmp")
+  shutil.copyfile(cached_vocab(data, source, seed), tmp)
+  os.replace(tmp, path)  # a run killed while copying never leaves half a vocabulary
   return load_vocab(path)
 
 
