@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -280,9 +281,12 @@ def quiet_background_failures() -> None:
 
   When a read of a damaged checkpoint fails, TensorStore callbacks still pending on Orbax's closed
   event loop raise "Event loop is closed" (and the abandoned reads their own errors) as
-  thousands of lines of unraisable-exception tracebacks. The failure itself reaches the caller as
-  an exception, which the programs report in one line; these echoes are dropped.
+  thousands of lines of unraisable-exception tracebacks; after a failed write, its abandoned
+  coroutines warn at exit. The failure itself reaches the caller as an exception, which the
+  programs report in one line; these echoes are dropped. (Our code has no coroutines of its own.)
   """
+  warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
+                          category=RuntimeWarning)
   previous = sys.unraisablehook
 
   def hook(unraisable):

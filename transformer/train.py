@@ -400,7 +400,8 @@ def _train_loop(run: Run, mngr, stop: preemption.StopRequests) -> dict[str, Any]
   if start >= total:
     log.info("Already trained to step %d (train.steps = %d); nothing to do", start, total)
   batches = itertools.chain([run.first_batch] if run.first_batch else [], run.batches)
-  data_state, healthy = run.data_state, jnp.asarray(True)
+  data_state = run.data_state
+  healthy = jax.device_put(True, partitioning.replicated(mesh))  # laid out like the step's output
   t_start = time.time()
   interval_start, interval_sums = time.time(), []
   tokens_seen = 0.0

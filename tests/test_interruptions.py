@@ -1,0 +1,192 @@
+"""Training survives SIGTERM, SIGINT and kill -9 at any moment, and ends bit-identical to a run that
+was never interrupted."""
+
+import concurrent.futures
+import glob
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from conftest import cli_overrides, tiny_run_config
+
+from transformer import checkpoints, partitioning, preemption
+from transformer.data import sources
+from transformer.data import vocab as vocab_lib
+from transformer.model import ModelConfig, Transformer
+from transformer.train import abstract_train_state, train_and_evaluate
+
+REPO = Path(__file__).parent.parent
+STEPS = 60
+
+
+def run_config(tmp_path):
+  """The tiny run, packed into one batch shape (one compilation, so steps take milliseconds), with
+  a progress line every step and a checkpoint every 5."""
+  cfg = tiny_run_config(tmp_path)
+  cfg.data.batching, cfg.data.pack_length = "pack", 40
+  cfg.train.update(steps=STEPS, log_every=1, eval_every=1000, checkpoint_every=5,
+                   keep_checkpoints=3)
+  return cfg
+
+
+def start_training(cfg, workdir, log_path, limit_file_size=None):
+  """`transformer-train` in the background, its log going to `log_path`."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+
+  def limit():  # the kernel refuses writes past this size: a full disk, for checkpoint files
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_size, limit_file_size))
+
+  with open(log_path, "w") as log:
+    return subprocess.Popen(
+        [sys.executable, "-m", "transformer.train", "--config=configs/multi30k.py",
+         f"--workdir={workdir}", *cli_overrides(cfg)], cwd=REPO, env=env, stdout=log, stderr=log,
+        preexec_fn=limit if limit_file_size else None)
+
+
+def wait_until(proc, condition, timeout=300.0):
+  """Polls `condition()` every few milliseconds until it holds (True) or the process ends (False)."""
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if condition():
+      return True
+    if proc.poll() is not None:
+      return condition()
+    time.sleep(0.003)
+  raise TimeoutError("condition not reached")
+
+
+def logged(log_path, text):
+  return lambda: text in Path(log_path).read_text()
+
+
+def finish(proc, timeout=300):
+  proc.wait(timeout=timeout)
+  return proc.returncode
+
+
+def final_state(workdir, step=STEPS):
+  """The checkpoint at `step`, as numpy arrays (parameters, Adam moments and counters, step)."""
+  cfg = checkpoints.load_run_config(workdir)
+  vocab = vocab_lib.load_run_vocab(workdir, cfg.data)
+  model = Transformer(ModelConfig.from_config(cfg.model, vocab.get_piece_size()))
+  abstract = abstract_train_state(cfg, model, partitioning.replicated(partitioning.data_mesh()))
+  state = checkpoints.restore(checkpoints.manager(workdir, read_only=True), abstract, step)
+  return jax.tree.map(np.asarray, (state.step, state.params, state.opt_state))
+
+
+def assert_identical(a, b):
+  leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+  assert len(leaves_a) == len(leaves_b)
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(x, y)  # bit for bit, not approximately
+
+
+def last_line(log_path):
+  return Path(log_path).read_text().strip().splitlines()[-1]
+
+
+def uninterrupted(cfg, tmp_path):
+  workdir = tmp_path / "reference"
+  assert finish(start_training(cfg, workdir, tmp_path / "reference.log")) == 0
+  return workdir
+
+
+def stopped_by_signals(cfg, tmp_path):
+  """SIGTERM (a preemption notice) and SIGINT (Ctrl-C): the step finishes, a checkpoint is written
+  at it, the program exits with status 75 and one line; the third start finishes the run."""
+  workdir = tmp_path / "graceful"
+  stops = []
+  for sig, after in ((signal.SIGTERM, 12), (signal.SIGINT, 33)):
+    log = tmp_path / f"graceful_{sig.name}.log"
+    proc = start_training(cfg, workdir, log)
+    assert wait_until(proc, logged(log, f"step {after}/{STEPS}"))
+    proc.send_signal(sig)
+    assert finish(proc) == preemption.EXIT_INTERRUPTED, Path(log).read_text()[-2000:]
+    line = last_line(log)
+    assert line.startswith(f"transformer-train: stopped by {sig.name} after step "), line
+    stopped = int(line.split(" after step ")[1].split("/")[0])
+    assert after <= stopped < STEPS  # after the step it was in when the signal came
+    assert line.endswith("Run the same command again to resume")
+    assert stopped in checkpoints.manager(workdir, read_only=True).all_steps()
+    stops.append(stopped)
+  log = tmp_path / "graceful_end.log"
+  assert finish(start_training(cfg, workdir, log)) == 0
+  assert f"Resumed from the checkpoint at step {stops[-1]}" in Path(log).read_text()
+  return workdir
+
+
+def killed(cfg, tmp_path):
+  """kill -9 while a checkpoint is being written (after one is complete), then kill -9 in the
+  middle of training: each restart resumes from the latest complete checkpoint; the half-written
+  one is never loaded, and its temporary directory is removed."""
+  workdir = tmp_path / "hard"
+  in_flight = lambda: glob.glob(str(workdir / "checkpoints" / "*.orbax-checkpoint-tmp*"))
+  log = tmp_path / "hard_1.log"
+  proc = start_training(cfg, workdir, log)
+  assert wait_until(proc, lambda: (workdir / "checkpoints" / "5").is_dir() and in_flight())
+  proc.kill()
+  assert finish(proc) == -signal.SIGKILL
+  complete = max(checkpoints.manager(workdir, read_only=True).all_steps())
+  log = tmp_path / "hard_2.log"
+  proc = start_training(cfg, workdir, log)
+  assert wait_until(proc, logged(log, f"step {complete + 7}/{STEPS}"))
+  proc.kill()
+  assert finish(proc) == -signal.SIGKILL
+  assert f"Resumed from the checkpoint at step {complete}" in Path(log).read_text()
+  log = tmp_path / "hard_3.log"
+  assert finish(start_training(cfg, workdir, log)) == 0
+  assert "Resumed from the checkpoint" in Path(log).read_text()
+  assert not in_flight()
+  return workdir
+
+
+def test_interrupted_and_killed_runs_end_bit_identical(tmp_path):
+  """Four interruptions (SIGTERM, SIGINT, kill -9 during a checkpoint write, kill -9 mid-training)
+  in two runs, each ending with exactly the parameters and Adam state of an uninterrupted run."""
+  cfg = run_config(tmp_path)
+  source = sources.open_split(cfg.data, "train")
+  vocab_lib.cached_vocab(cfg.data, source, cfg.seed)  # trained once, not by three runs at a time
+  with concurrent.futures.ThreadPoolExecutor(3) as pool:  # three runs side by side
+    reference, graceful, hard = [pool.submit(chain, cfg, tmp_path) for chain in
+                                 (uninterrupted, stopped_by_signals, killed)]
+    expected = final_state(reference.result())
+    assert_identical(final_state(graceful.result()), expected)
+    assert_identical(final_state(hard.result()), expected)
+
+
+def snapshot(directory):
+  """Every file under `directory` with its bytes."""
+  return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(Path(directory).rglob("*"))
+          if p.is_file()}
+
+
+def test_a_full_disk_stops_the_run_and_keeps_the_previous_checkpoint(tmp_path):
+  cfg = run_config(tmp_path)
+  cfg.train.update(steps=10, log_every=5, checkpoint_every=5)
+  workdir = tmp_path / "run"
+  train_and_evaluate(cfg, str(workdir))
+  kept = snapshot(workdir / "checkpoints")
+  cfg.train.steps = 15
+  # The resumed run may not write files over 16 kB: its checkpoint at step 15 cannot be written,
+  # as on a full disk (the kernel answers "File too large" instead of "No space left on device").
+  log = tmp_path / "full.log"
+  assert finish(start_training(cfg, workdir, log, limit_file_size=16_000)) == 1
+  assert last_line(log).startswith(
+      f"transformer-train: error: could not write a checkpoint to {workdir / 'checkpoints'}: File "
+      "too large; the latest complete checkpoint is step 10. Free space")
+  assert "Traceback" not in Path(log).read_text()
+  after = snapshot(workdir / "checkpoints")
+  assert {k: v for k, v in after.items() if k in kept} == kept  # checkpoints 5 and 10 intact
+  assert all(k.startswith("15.orbax-checkpoint-tmp/") for k in after if k not in kept)
+  assert checkpoints.manager(workdir, read_only=True).all_steps() == [5, 10]
+  log = tmp_path / "after.log"
+  assert finish(start_training(cfg, workdir, log)) == 0  # with space again, it resumes from 10
+  assert "Resumed from the checkpoint at step 10" in Path(log).read_text()
+  assert checkpoints.manager(workdir, read_only=True).all_steps() == [5, 10, 15]
