@@ -1,11 +1,18 @@
 """Shared fixtures: a tiny model and a tiny run config that compile and train in seconds on a CPU."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import jax
 import numpy as np
 import pytest
 
 from transformer.config import base_config
 from transformer.model import EOS_ID, ModelConfig, Transformer, initial_params
+
+REPO = Path(__file__).parent.parent
 
 
 def tiny_model_config(**overrides) -> ModelConfig:
@@ -73,3 +80,27 @@ def cli_overrides(cfg, **changes):
 @pytest.fixture
 def rng():
   return np.random.default_rng(0)
+
+
+def run_cli(module, *args, devices=1, input_text=None, input_bytes=None):
+  """Runs `python -m module args` from the repository root, as a user would; returns the result."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  if input_bytes is not None:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
+                          input=input_bytes, capture_output=True, timeout=600)
+  return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, input=input_text,
+                        capture_output=True, text=True, timeout=600)
+
+
+def snapshot(*paths) -> dict[str, bytes | None]:
+  """Every file under `paths` with its bytes (None for a path that does not exist): compare two
+  snapshots to check that nothing was written, overwritten or deleted."""
+  files = {}
+  for path in map(Path, paths):
+    if not path.exists():
+      files[str(path)] = None
+    for p in sorted(path.rglob("*")) if path.is_dir() else [path] if path.exists() else []:
+      if p.is_file():
+        files[str(p)] = p.read_bytes()
+  return files

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import cli_overrides, tiny_run_config
+from conftest import REPO, cli_overrides, tiny_run_config
 
 from transformer import distributed
 
@@ -59,7 +59,6 @@ TRAIN_TOGETHER = textwrap.dedent("""
 """)
 
 
-REPO = Path(__file__).parent.parent
 
 
 def free_port() -> int:

@@ -11,15 +11,13 @@ from pathlib import Path
 import matplotlib.image
 import numpy as np
 import pytest
-from conftest import tiny_run_config
+from conftest import REPO, tiny_run_config
 
 from experiments import results, test_sets
 from experiments.grids import Grid, Variant, load_grid
 from experiments.run import base_arguments, plan, variant_config
 from transformer.config import ConfigError, base_config
 from transformer.data import sources
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def load_config(path):

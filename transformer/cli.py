@@ -24,7 +24,13 @@ def flags_parser(program: str) -> Callable[[list[str]], list[str]]:
         head = lines[0].split(": Error whilst")[0]
         lines = [f"{head}: {re.sub(r'^[A-Za-z.]*Error: ', '', lines[-1])}"]
       sys.exit(f"{program}: error: {lines[0]}")
+    except SyntaxError as e:  # the config file is not valid Python
+      sys.exit(f"{program}: error: cannot load --config={config_path(argv)}: {e.msg} at line "
+               f"{e.lineno} of {e.filename}")
     except (AttributeError, KeyError) as e:  # ml_collections: an override of a key that does not exist
+      if "get_config" in str(e):
+        sys.exit(f"{program}: error: cannot load --config={config_path(argv)}: it defines no "
+                 "get_config() function (see configs/multi30k.py)")
       key = str(e).strip("\"'")
       bad = [a.split("=")[0] for a in argv
              if a.startswith("--config.") and re.search(rf"[.]{re.escape(key)}\b", a.split("=")[0])]
@@ -32,12 +38,16 @@ def flags_parser(program: str) -> Callable[[list[str]], list[str]]:
       sys.exit(f"{program}: error: unknown config key {key!r}{where}; every key is listed in "
                "transformer/config.py")
     except OSError as e:  # ml_collections could not load the config file
-      path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "?")
       reason = str(e).strip().splitlines()[-1].strip()
-      sys.exit(f"{program}: error: cannot load --config={path}: {reason}")
+      reason = reason.split("because of an earlier failure to load: ")[-1]
+      sys.exit(f"{program}: error: cannot load --config={config_path(argv)}: {reason}")
     except ValueError as e:  # raised by a get_config(), e.g. an unknown ':size'
       sys.exit(f"{program}: error: {e}")
   return parse
+
+
+def config_path(argv: list[str]) -> str:
+  return next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "?")
 
 
 def define_distributed_flags() -> None:

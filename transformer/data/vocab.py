@@ -77,9 +77,9 @@ def load_run_vocab(workdir: str | os.PathLike, data: ml_collections.ConfigDict
                     "they were trained with: copy that run's vocab.model back")
   vocab = load_vocab(path)
   if vocab.get_piece_size() != data.vocab_size:
-    raise DataError(f"{path} has {vocab.get_piece_size()} pieces but the run was trained with "
-                    f"config.data.vocab_size={data.vocab_size}: it is not this run's vocabulary; "
-                    "copy the run's own vocab.model back, or use a new workdir")
+    raise DataError(f"{path} has {vocab.get_piece_size()} pieces, but config.data.vocab_size is "
+                    f"{data.vocab_size}: it is not this run's vocabulary; copy the run's own "
+                    "vocab.model back, or use a new workdir")
   return vocab
 
 

@@ -1,0 +1,214 @@
+"""Every mistake a user can make ends in one clear line, a non-zero exit, and nothing written.
+
+Each case runs a program as a user would (`python -m transformer.<program> ...`), checks that it
+exits with status 1, that its last line is the program's one-line error with the expected message
+(and no traceback anywhere), and that every file it could have touched is byte for byte as before:
+a new workdir is not created, an existing run is not changed.
+"""
+
+import dataclasses
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import cli_overrides, run_cli, snapshot, tiny_run_config
+
+from transformer.data import vocab as vocab_lib
+from transformer.train import train_and_evaluate
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A tiny finished run (checkpoints at steps 3 and 6) and its config; cases copy it to change it."""
+  tmp = tmp_path_factory.mktemp("trained")
+  cfg = tiny_run_config(tmp)
+  cfg.data.batching, cfg.data.pack_length = "pack", 40
+  train_and_evaluate(cfg, str(tmp / "run"))
+  return cfg, tmp / "run"
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  program: str        # transformer.<program>
+  args: tuple         # '{run}': the workdir, '{new}': a directory that does not exist, '{tmp}'
+  message: str        # expected in the error line
+  train_config: bool = False  # prepend --config and the tiny run's overrides
+  prepare: Callable | None = None  # (tmp, run) -> None: makes the bad input
+  stdin: bytes | None = None
+
+
+def copy_run(tmp, run, drop=()):
+  shutil.copytree(run, tmp / "copy")
+  for name in drop:
+    path = tmp / "copy" / name
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def write_lines(path, lines, raw_line=None):
+  data = "".join(line + "\n" for line in lines).encode()
+  if raw_line is not None:
+    number, raw = raw_line
+    parts = data.split(b"\n")
+    parts[number - 1] = raw
+    data = b"\n".join(parts)
+  Path(path).write_bytes(data)
+
+
+def damage_all_checkpoints(tmp, run):
+  copy_run(tmp, run)
+  for step in ("3", "6"):
+    shutil.rmtree(tmp / "copy" / "checkpoints" / step / "state" / "d", ignore_errors=True)
+    for manifest in (tmp / "copy" / "checkpoints" / step / "state").rglob("manifest.ocdbt"):
+      manifest.write_bytes(b"broken")
+
+
+def other_vocabulary(tmp, run):
+  copy_run(tmp, run)
+  lines = (tmp.parent / "train.en").read_text().splitlines()  # the fixture's training text
+  vocab_lib.train_vocab(lines, tmp / "copy" / "vocab.model", vocab_size=200)
+
+
+CASES = {
+    # ------------------------------------------------------------------ config and flags (train)
+    "unknown config key": Case("train", ("--config.model.foo=1",),
+                               "unknown config key 'foo' (--config.model.foo)", True),
+    "unknown flag": Case("train", ("--epochs=3",), "Unknown command line flag 'epochs'", True),
+    "wrong type": Case("train", ("--config.model.d_model=abc",),
+                       "flag --config.model.d_model=abc: invalid literal for int()", True),
+    "wrong type (bool)": Case("train", ("--config.model.scan_layers=maybe",),
+                              "Non-boolean argument to boolean flag", True),
+    "d_model not divisible by heads": Case(
+        "train", ("--config.model.num_heads=5",),
+        "config.model.d_model (32) must be divisible by config.model.num_heads (5)", True),
+    "zero size": Case("train", ("--config.model.num_layers=0",),
+                      "config.model.num_layers must be a positive integer, got 0", True),
+    "negative size": Case("train", ("--config.data.tokens_per_batch=-512",),
+                          "config.data.tokens_per_batch must be a positive integer, got -512",
+                          True),
+    "unknown positional": Case(
+        "train", ("--config.model.positional=rotary",),
+        "config.model.positional must be one of 'sinusoidal', 'learned'; got 'rotary'", True),
+    "unknown norm": Case("train", ("--config.model.norm=sandwich",),
+                         "config.model.norm must be one of 'post', 'pre'; got 'sandwich'", True),
+    "missing config file": Case("train", ("--config=configs/missing.py", "--workdir={new}"),
+                                "cannot load --config=configs/missing.py: [Errno 2] No such file"),
+    "config file with a syntax error": Case(
+        "train", ("--config={tmp}/broken.py", "--workdir={new}"),
+        "cannot load --config={tmp}/broken.py: invalid syntax at line 1",
+        prepare=lambda tmp, run: (tmp / "broken.py").write_text("def get_config(:\n")),
+    "config file without get_config": Case(
+        "train", ("--config={tmp}/empty.py", "--workdir={new}"),
+        "cannot load --config={tmp}/empty.py: it defines no get_config() function",
+        prepare=lambda tmp, run: (tmp / "empty.py").write_text("SIZE = 1\n")),
+    "config path is a directory": Case("train", ("--config={tmp}", "--workdir={new}"),
+                                       "cannot load --config={tmp}: [Errno 21] Is a directory"),
+    # ------------------------------------------------------------------------------ data (train)
+    "missing data file": Case("train", ("--config.data.train_src={tmp}/nope.en",),
+                              "data file not found: {tmp}/nope.en", True),
+    "unequal line counts": Case(
+        "train", ("--config.data.train_tgt={tmp}/short.de",),
+        "has 300 lines but {tmp}/short.de has 299; parallel files must have one sentence per line",
+        True, prepare=lambda tmp, run: write_lines(
+            tmp / "short.de", (tmp.parent / "train.de").read_text().splitlines()[:299])),
+    "invalid UTF-8": Case(
+        "train", ("--config.data.train_src={tmp}/latin1.en",),
+        "{tmp}/latin1.en:7: invalid UTF-8", True, prepare=lambda tmp, run: write_lines(
+            tmp / "latin1.en", (tmp.parent / "train.en").read_text().splitlines(),
+            raw_line=(7, "Caf\xe9 au lait".encode("latin-1")))),
+    "all lines filtered out": Case("train", ("--config.data.max_len=1",), "is left after filtering",
+                                   True),
+    "TFDS dataset not prepared": Case(
+        "train", ("--config.data.source=tfds", "--config.data.tfds_name=wmt14_translate/de-en",
+                  "--config.data.tfds_data_dir={tmp}/tfds"),
+        "wmt14_translate/de-en is not prepared in {tmp}/tfds", True),
+    # ---------------------------------------------------------------------- an existing run (train)
+    "workdir holds another config": Case(
+        "train", ("--workdir={run}", "--config.model.d_model=64"),
+        "holds a run with a different config (model.d_model: 32 -> 64); use a new --workdir, the "
+        "original values, or --allow_config_change", True),
+    "allowed config change that cannot load the checkpoint": Case(
+        "train", ("--workdir={run}", "--config.model.d_ff=128", "--allow_config_change"),
+        "checkpoint 6 in {run}/checkpoints does not match this model", True),
+    "vocabulary does not match the run": Case(
+        "train", ("--workdir={run}", "--config.data.vocab_size=200", "--allow_config_change"),
+        "{run}/vocab.model has 300 pieces, but config.data.vocab_size is 200", True),
+    "every checkpoint broken (train)": Case(
+        "train", ("--workdir={tmp}/copy",),
+        "no checkpoint in {tmp}/copy/checkpoints can be restored: step 6 (", True,
+        prepare=damage_all_checkpoints),
+    # ---------------------------------------------------------------------------------- evaluation
+    "not a workdir": Case("evaluate", ("--workdir={new}",), "is not a training workdir"),
+    "no checkpoint": Case("evaluate", ("--workdir={tmp}/copy",),
+                          "no checkpoint in {tmp}/copy/checkpoints; train first",
+                          prepare=lambda tmp, run: copy_run(tmp, run, drop=["checkpoints"])),
+    "step that does not exist": Case("evaluate", ("--workdir={run}", "--step=5"),
+                                     "no checkpoint for step 5 in {run}/checkpoints; available "
+                                     "steps: 3, 6"),
+    "vocabulary missing": Case("evaluate", ("--workdir={tmp}/copy",),
+                               "vocabulary file not found: {tmp}/copy/vocab.model",
+                               prepare=lambda tmp, run: copy_run(tmp, run, drop=["vocab.model"])),
+    "vocabulary of another run": Case("evaluate", ("--workdir={tmp}/copy",),
+                                      "{tmp}/copy/vocab.model has 200 pieces, but "
+                                      "config.data.vocab_size is 300", prepare=other_vocabulary),
+    "reference with another line count": Case(
+        "evaluate", ("--workdir={run}", "--source_file={tmp}/val.en",
+                     "--reference_file={tmp}/val.de"),
+        "{tmp}/val.en has 40 lines but {tmp}/val.de has 39",
+        prepare=lambda tmp, run: [write_lines(tmp / f"val.{lang}", (
+            tmp.parent / f"val.{lang}").read_text().splitlines()[:n]) for lang, n in
+                                  (("en", 40), ("de", 39))]),
+    "source without reference": Case("evaluate", ("--workdir={run}", "--source_file={tmp}/x.en"),
+                                     "pass both --source_file and --reference_file, or neither"),
+    "bad beam size": Case("evaluate", ("--workdir={run}", "--beam_size=0"),
+                          "decode settings must be beam_size >= 1"),
+    "every checkpoint broken (evaluate)": Case(
+        "evaluate", ("--workdir={tmp}/copy",),
+        "no checkpoint in {tmp}/copy/checkpoints can be restored: step 6 (",
+        prepare=damage_all_checkpoints),
+    "averaging more checkpoints than exist": Case(
+        "average", ("--workdir={run}", "--last=3", "--output={new}"),
+        "cannot average the last 3 checkpoints: {run}/checkpoints has 2 (steps 3, 6)"),
+    # ----------------------------------------------------------------------------------- translate
+    "translate empty input": Case("translate", ("--workdir={run}",),
+                                  "no input sentences in standard input", stdin=b""),
+    "translate invalid UTF-8": Case("translate", ("--workdir={run}",),
+                                    "standard input is not valid UTF-8 (byte 3)",
+                                    stdin=b"Caf\xe9\n"),
+    "translate a missing file": Case("translate", ("--workdir={run}", "--input_file={tmp}/no.en"),
+                                     "data file not found: {tmp}/no.en"),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_bad_input_is_one_clear_line_and_writes_nothing(name, trained, tmp_path):
+  case = CASES[name]
+  cfg, run = trained
+  tmp = tmp_path / "inputs"
+  tmp.mkdir()
+  # the fixture's text files sit beside its run; cases read them as tmp.parent / 'train.en'
+  for f in run.parent.glob("*.??"):
+    shutil.copy(f, tmp_path / f.name)
+  if case.prepare:
+    case.prepare(tmp, run)
+  fill = lambda text: text.format(run=run, new=tmp_path / "new", tmp=tmp)
+  args = [fill(a) for a in case.args]
+  if case.train_config:
+    defaults = [a for a in cli_overrides(cfg, **{"data.batching": "pack", "data.pack_length": 40})
+                if a.split("=")[0] not in {x.split("=")[0] for x in args}]
+    if not any(a.startswith("--workdir=") for a in args):
+      args.append(f"--workdir={tmp_path / 'new'}")
+    args = ["--config=configs/multi30k.py", *defaults, *args]
+  watched = (run, tmp_path / "new", tmp / "copy")
+  before = snapshot(*watched)
+
+  out = run_cli(f"transformer.{case.program}", *args, input_bytes=case.stdin)
+
+  stderr = out.stderr.decode() if isinstance(out.stderr, bytes) else out.stderr
+  assert out.returncode == 1, stderr[-3000:]
+  assert "Traceback" not in stderr, stderr[-3000:]
+  last = stderr.strip().splitlines()[-1]
+  program = "transformer-eval" if case.program == "evaluate" else f"transformer-{case.program}"
+  assert last.startswith(f"{program}: error: "), stderr[-3000:]
+  assert fill(case.message) in last, last
+  assert snapshot(*watched) == before  # nothing written, overwritten or deleted
