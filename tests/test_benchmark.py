@@ -12,8 +12,9 @@ from transformer.model import ModelConfig
 
 def test_benchmark_reports_consistent_figures(tmp_path):
   cfg = tiny_run_config(tmp_path)
+  (tmp_path / "disk").mkdir()
   result = benchmark(cfg, batch_tokens=100, seq_len=8, steps=2, warmup=0, decode_batches=1,
-                     peak_tflops=2.0)
+                     peak_tflops=2.0, checkpoint_saves=2, checkpoint_dir=str(tmp_path / "disk"))
   assert result["rows"] == 12 and result["target_tokens_per_step"] == 96
   assert result["target_tokens_per_sec"] == pytest.approx(96 / result["step_sec_median"])
   flops = training_flops_per_target_token(
@@ -30,6 +31,11 @@ def test_benchmark_reports_consistent_figures(tmp_path):
   assert result["decode_mean_output_len"] == 13  # decoded to full length: EOS only at the limit
   assert result["decode_sentences_per_sec"] == pytest.approx(512 / result["decode_batch_sec_median"])
   assert result["peak_memory_bytes"] is None  # the CPU backend keeps no memory statistics
+  # checkpoints: the state's arrays are on disk (parameters and two Adam moments, float32)
+  assert result["checkpoint_saves"] == 2
+  assert result["checkpoint_bytes"] > 3 * 4 * result["parameters"] * 0.5  # zstd: a little smaller
+  assert 0 < result["checkpoint_blocking_sec_median"] <= result["checkpoint_write_sec_median"]
+  assert list((tmp_path / "disk").iterdir()) == []  # the benchmark's checkpoints are removed
 
 
 def test_the_peak_table_matches_device_kinds_by_longest_prefix():

@@ -6,17 +6,19 @@ same global batches, write one Orbax checkpoint together, and let only process 0
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import REPO, cli_overrides, tiny_run_config
 
-from transformer import distributed
+from transformer import distributed, preemption
 
 TRAIN_TOGETHER = textwrap.dedent("""
     import json, sys
@@ -144,3 +146,32 @@ def test_the_environment_names_a_job_of_several_processes(monkeypatch):
   assert not distributed.environment_has_job()  # a single-task SLURM job stays single-process
   monkeypatch.setenv("SLURM_NTASKS", "16")
   assert distributed.environment_has_job()
+
+
+def test_sigterm_to_one_process_stops_the_job_at_one_step_with_a_checkpoint(tmp_path):
+  """JAX's preemption service tells every process; they agree on the step and save it together."""
+  workdir, port = tmp_path / "run", free_port()
+  cfg = tiny_run_config(tmp_path)
+  cfg.data.batching, cfg.data.pack_length = "pack", 40
+  cfg.train.update(steps=200, log_every=1, eval_every=1000, checkpoint_every=50)
+  logs = [tmp_path / f"process_{i}.log" for i in (0, 1)]
+  procs = []
+  for i, log in enumerate(logs):
+    with open(log, "w") as f:
+      procs.append(subprocess.Popen(
+          [sys.executable, "-m", "transformer.train", "--config=configs/multi30k.py",
+           f"--workdir={workdir}", *cli_overrides(cfg), f"--coordinator_address=localhost:{port}",
+           "--num_processes=2", f"--process_id={i}"], cwd=REPO, env=environment(devices=1),
+          stdout=f, stderr=f))
+  deadline = time.time() + 300
+  while "step 10/200" not in logs[0].read_text():
+    assert time.time() < deadline and procs[0].poll() is None, logs[0].read_text()[-3000:]
+    time.sleep(0.01)
+  procs[1].send_signal(signal.SIGTERM)  # the other process only
+  codes = [p.wait(timeout=300) for p in procs]
+  assert codes == [preemption.EXIT_INTERRUPTED] * 2, [log.read_text()[-2000:] for log in logs]
+  line = logs[0].read_text().strip().splitlines()[-1]
+  assert line.startswith("transformer-train: stopped by SIGTERM after step "), line
+  step = int(line.split(" after step ")[1].split("/")[0])
+  assert 10 <= step < 200
+  assert (workdir / "checkpoints" / str(step) / "state").is_dir()

@@ -6,7 +6,8 @@
 Compiles the real train step once (the one training runs, on the config's mesh), then times `--steps`
 steps (after `--warmup` untimed ones) on a synthetic batch of `--batch_tokens` target tokens (rows
 of `--seq_len` tokens, no padding; as many source tokens), and times beam search (the evaluation
-program's search, `decode.*` settings) on `--decode_batches` batches of the evaluation batch size.
+program's search, `decode.*` settings) on `--decode_batches` batches of the evaluation batch size,
+and `--checkpoint_saves` asynchronous checkpoint saves (how long each stops training).
 Prints one JSON object (and writes it to `--output`): target tokens/s, step time (median, spread),
 analytic training FLOPs per step (info.training_flops_per_target_token), MFU against the device's
 peak (PEAK_TFLOPS, `--peak_tflops`, or a measured matmul with `--measure_peak`), decode sentences/s
@@ -36,7 +37,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import decode, partitioning
+from transformer import checkpoints, decode, partitioning
 from transformer.cli import (
   define_distributed_flags,
   initialize_distributed,
@@ -120,8 +121,10 @@ def synthetic_tokens(rows: int, length: int, vocab_size: int, seed: int = 0) -> 
 
 def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int, seq_len: int, steps: int,
               warmup: int, decode_batches: int = 0, peak_tflops: float | None = None,
-              measure_peak: bool = False) -> dict[str, Any]:
-  """Times training steps (and beam search if `decode_batches`); returns the figures as a dict."""
+              measure_peak: bool = False, checkpoint_saves: int = 0,
+              checkpoint_dir: str | None = None) -> dict[str, Any]:
+  """Times training steps (beam search if `decode_batches`, checkpoint saves if `checkpoint_saves`);
+  returns the figures as a dict."""
   validate(cfg)
   mesh = partitioning.make_mesh(cfg, cfg.data.vocab_size)
   config = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
@@ -175,8 +178,39 @@ def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int, seq_len: int, s
   if decode_batches:
     result.update(benchmark_decode(cfg, model, holder["state"].params, seq_len, decode_batches,
                                    mesh))
+  if checkpoint_saves:
+    result.update(benchmark_checkpoint(holder, one_step, checkpoint_saves, checkpoint_dir))
   result["peak_memory_bytes"] = peak_memory_bytes()
   return result
+
+
+def benchmark_checkpoint(holder: dict[str, Any], one_step, saves: int,
+                         directory: str | None) -> dict[str, Any]:
+  """How long an asynchronous checkpoint save stops training, as the trainer saves.
+
+  Each round: a step, then `checkpoints.save` (timed: the blocking part, the copy off the
+  accelerator), a step while the checkpoint is written in the background (timed), and the wait
+  for the write to finish (timed from the save: the whole write). Writes under `directory` (the
+  disk of your workdirs; default: a temporary directory) and removes it again.
+  """
+  with tempfile.TemporaryDirectory(dir=directory) as workdir:
+    mngr = checkpoints.manager(workdir, keep=1)
+    blocking, write, during = [], [], []
+    for i in range(saves):
+      jax.block_until_ready(one_step())
+      t = time.perf_counter()
+      checkpoints.save(mngr, i + 1, holder["state"], {"epoch": 0, "window": 0, "batch": i})
+      blocking.append(time.perf_counter() - t)
+      during.append(timed(one_step, 1)[0])
+      checkpoints.finish_saves(mngr)
+      write.append(time.perf_counter() - t)
+    size = sum(f.stat().st_size for f in Path(workdir, checkpoints.CHECKPOINT_DIR).rglob("*")
+               if f.is_file())
+  return {"checkpoint_saves": saves, "checkpoint_bytes": size,
+          "checkpoint_blocking_sec_median": statistics.median(blocking),
+          "checkpoint_blocking_sec_max": max(blocking),
+          "checkpoint_write_sec_median": statistics.median(write),
+          "step_sec_during_checkpoint_write_median": statistics.median(during)}
 
 
 def benchmark_decode(cfg: ml_collections.ConfigDict, model: Transformer, params: Any, seq_len: int,
@@ -240,8 +274,9 @@ def main(argv: list[str]) -> None:
       result = benchmark_input(FLAGS.config, FLAGS.batches)
     else:
       result = benchmark(FLAGS.config, FLAGS.batch_tokens, FLAGS.seq_len, FLAGS.steps,
-                         FLAGS.warmup, FLAGS.decode_batches, FLAGS.peak_tflops, FLAGS.measure_peak)
-  except (ConfigError, DataError, DistributedError) as e:
+                         FLAGS.warmup, FLAGS.decode_batches, FLAGS.peak_tflops, FLAGS.measure_peak,
+                         FLAGS.checkpoint_saves, FLAGS.checkpoint_dir)
+  except (ConfigError, DataError, DistributedError, checkpoints.CheckpointError) as e:
     sys.exit(f"transformer-benchmark: error: {e}")
   text = json.dumps(result)
   if jax.process_index() == 0:
@@ -260,6 +295,9 @@ def run() -> None:
   flags.DEFINE_integer("decode_batches", 3, "Timed beam-search batches (0 = skip decoding).")
   flags.DEFINE_float("peak_tflops", None, "Peak TFLOP/s per device for MFU (default: the table).")
   flags.DEFINE_bool("measure_peak", False, "Measure the peak with a large matmul instead.")
+  flags.DEFINE_integer("checkpoint_saves", 3, "Timed asynchronous checkpoint saves (0 = skip).")
+  flags.DEFINE_string("checkpoint_dir", None, "Where to write them (default: a temporary "
+                      "directory); put it on the disk of your workdirs.")
   flags.DEFINE_string("output", None, "Also write the JSON result to this file.")
   define_distributed_flags()
   flags.DEFINE_bool("input_pipeline", False, "Time the config's input pipeline instead.")
