@@ -6,6 +6,7 @@ exits with status 1, that its last line is the program's one-line error with the
 a new workdir is not created, an existing run is not changed.
 """
 
+import concurrent.futures
 import dataclasses
 import shutil
 from collections.abc import Callable
@@ -180,14 +181,12 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_bad_input_is_one_clear_line_and_writes_nothing(name, trained, tmp_path):
-  case = CASES[name]
-  cfg, run = trained
+def run_case(name, case, cfg, run, tmp_path):
+  """Makes the case's bad input under `tmp_path`, runs the program; returns (result, before, after)
+  with snapshots of every file the program could touch."""
   tmp = tmp_path / "inputs"
   tmp.mkdir()
-  # the fixture's text files sit beside its run; cases read them as tmp.parent / 'train.en'
-  for f in run.parent.glob("*.??"):
+  for f in run.parent.glob("*.??"):  # the fixture's text files, read as tmp.parent / 'train.en'
     shutil.copy(f, tmp_path / f.name)
   if case.prepare:
     case.prepare(tmp, run)
@@ -201,14 +200,30 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(name, trained, tmp_path)
     args = ["--config=configs/multi30k.py", *defaults, *args]
   watched = (run, tmp_path / "new", tmp / "copy")
   before = snapshot(*watched)
-
   out = run_cli(f"transformer.{case.program}", *args, input_bytes=case.stdin)
+  return out, fill(case.message), before, snapshot(*watched)
 
+
+@pytest.fixture(scope="module")
+def outcomes(trained, tmp_path_factory):
+  """Every case, three at a time (each is a process that mostly starts up): name -> outcome."""
+  cfg, run = trained
+  with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    futures = {name: pool.submit(run_case, name, case, cfg, run,
+                                 tmp_path_factory.mktemp(name.replace(" ", "_")[:40]))
+               for name, case in CASES.items()}
+    return {name: future.result() for name, future in futures.items()}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_bad_input_is_one_clear_line_and_writes_nothing(name, outcomes):
+  out, message, before, after = outcomes[name]
   stderr = out.stderr.decode() if isinstance(out.stderr, bytes) else out.stderr
   assert out.returncode == 1, stderr[-3000:]
   assert "Traceback" not in stderr, stderr[-3000:]
   last = stderr.strip().splitlines()[-1]
-  program = "transformer-eval" if case.program == "evaluate" else f"transformer-{case.program}"
+  program = {"evaluate": "transformer-eval"}.get(CASES[name].program,
+                                                 f"transformer-{CASES[name].program}")
   assert last.startswith(f"{program}: error: "), stderr[-3000:]
-  assert fill(case.message) in last, last
-  assert snapshot(*watched) == before  # nothing written, overwritten or deleted
+  assert message in last, last
+  assert after == before  # nothing written, overwritten or deleted

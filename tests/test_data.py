@@ -69,7 +69,7 @@ def test_vocabulary_is_reused_and_checked(small_vocab, tmp_path):
   reused = vocab_lib.vocab_for_run(tmp_path, data, source=None, seed=0)  # nothing read
   assert reused.encode("a man") == vocab.encode("a man")
   data.vocab_size = 600
-  with pytest.raises(sources.DataError, match="has 500 pieces but config.data.vocab_size is 600"):
+  with pytest.raises(sources.DataError, match="has 500 pieces, but config.data.vocab_size is 600"):
     vocab_lib.vocab_for_run(tmp_path, data, source=None, seed=0)
 
 

@@ -4,7 +4,6 @@ was never interrupted."""
 import concurrent.futures
 import glob
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -35,18 +34,25 @@ def run_config(tmp_path):
 
 
 def start_training(cfg, workdir, log_path, limit_file_size=None):
-  """`transformer-train` in the background, its log going to `log_path`."""
+  """`transformer-train` in the background, its log going to `log_path`. With `limit_file_size`
+  the kernel refuses writes past that many bytes per file (with SIGXFSZ ignored: "File too large"),
+  set by a small launcher that then execs the trainer (no fork of this multithreaded process)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
-
-  def limit():  # the kernel refuses writes past this size: a full disk, for checkpoint files
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_size, limit_file_size))
-
+  command = [sys.executable, "-m", "transformer.train", "--config=configs/multi30k.py",
+             f"--workdir={workdir}", *cli_overrides(cfg)]
+  if limit_file_size:
+    command = [sys.executable, "-c", LIMITED_LAUNCHER, str(limit_file_size), *command]
   with open(log_path, "w") as log:
-    return subprocess.Popen(
-        [sys.executable, "-m", "transformer.train", "--config=configs/multi30k.py",
-         f"--workdir={workdir}", *cli_overrides(cfg)], cwd=REPO, env=env, stdout=log, stderr=log,
-        preexec_fn=limit if limit_file_size else None)
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log)
+
+
+LIMITED_LAUNCHER = """
+import os, resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+os.execv(sys.argv[2], sys.argv[2:])
+"""
 
 
 def wait_until(proc, condition, timeout=300.0):

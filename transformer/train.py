@@ -363,8 +363,13 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str,
   changed = checkpoints.check_run_config(workdir, cfg, allow_config_change)
   with _undone_if_failed(workdir):
     run = start_run(cfg, workdir)
-  start = int(run.state.step)
-  # Start-up succeeded: from here on the run writes.
+  with contextlib.closing(run.batches):  # stops the input pipeline's thread, however we leave
+    return _write_and_train(run, changed)
+
+
+def _write_and_train(run: Run, changed: list[str]) -> dict[str, Any]:
+  """Start-up succeeded: from here on the run writes."""
+  cfg, workdir, start = run.cfg, run.workdir, int(run.state.step)
   if changed:
     log.warning("Continuing %s with a changed config (--allow_config_change): %s; the old one is "
                 "kept as config.until_step%d.json", workdir, ", ".join(changed), start)
@@ -381,13 +386,11 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str,
   log.info("Model: %s parameters; %d devices (%s) in %d process(es); mesh %s", f"{n_params:,}",
            run.mesh.size, jax.devices()[0].platform, jax.process_count(),
            " x ".join(f"{axis} {size}" for axis, size in run.mesh.shape.items()))
-  with contextlib.closing(run.batches), preemption.StopRequests() as stop:  # closing: its thread
-    summary = _train_loop(run, mngr, stop)
-  summary["parameters"] = n_params
-  return summary
+  with preemption.StopRequests() as stop:
+    return _train_loop(run, mngr, stop, n_params)
 
 
-def _train_loop(run: Run, mngr, stop: preemption.StopRequests) -> dict[str, Any]:
+def _train_loop(run: Run, mngr, stop: preemption.StopRequests, n_params: int) -> dict[str, Any]:
   cfg, workdir, mesh, state = run.cfg, run.workdir, run.mesh, run.state
   eval_fn = partitioning.with_mesh(jax.jit(functools.partial(eval_step, model=run.model),
                                            out_shardings=partitioning.replicated(mesh)), mesh)
@@ -468,7 +471,7 @@ def _train_loop(run: Run, mngr, stop: preemption.StopRequests) -> dict[str, Any]
   train_time = time.time() - t_start
   summary = {"steps": total, "resumed_from": start, "train_time_sec": train_time,
              "tokens_per_sec": tokens_seen / train_time if train_time and tokens_seen else None,
-             "skipped_updates": watch.skipped}
+             "skipped_updates": watch.skipped, "parameters": n_params}
   if total > start:
     writer.write("summary", total, **summary)
     log.info("Trained steps %d-%d in %s (%.0f target tokens/s). Next: transformer-eval "
