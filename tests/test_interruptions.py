@@ -138,6 +138,7 @@ def killed(cfg, tmp_path):
   assert wait_until(proc, lambda: (workdir / "checkpoints" / "5").is_dir() and in_flight())
   proc.kill()
   assert finish(proc) == -signal.SIGKILL
+  assert in_flight()  # killed mid-write (the write takes ~0.1 s; the kill comes within ~3 ms)
   complete = max(checkpoints.manager(workdir, read_only=True).all_steps())
   log = tmp_path / "hard_2.log"
   proc = start_training(cfg, workdir, log)
