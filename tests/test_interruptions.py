@@ -1,5 +1,5 @@
-"""Training survives SIGTERM, SIGINT and kill -9 at any moment, and ends bit-identical to a run that
-was never interrupted."""
+"""Training survives SIGTERM, SIGINT and kill -9 at any moment and ends bit-identical to a run that
+was never interrupted; a full disk stops it with the previous checkpoint intact."""
 
 import concurrent.futures
 import glob
