@@ -11,13 +11,14 @@ bench() {  # NAME CONFIG FLAGS...
   local name=$1 config=$2; shift 2
   echo "== $name"
   python -m transformer.benchmark --config="$config" --batch_tokens=25000 --seq_len=32 \
-    --steps=20 --warmup=5 --decode_batches=3 --measure_peak --output="$out/$name.json" "$@" \
+    --steps=20 --warmup=5 --decode_batches=3 --measure_peak --checkpoint_saves=0 \
+    --output="$out/$name.json" "$@" \
     2>"$out/$name.log" | cut -c1-400 || tail -3 "$out/$name.log"
 }
-bench base configs/wmt14_ende.py:base
+bench base configs/wmt14_ende.py:base --checkpoint_saves=3  # the checkpoint cost: base and big only
 bench base_reference_attention configs/wmt14_ende.py:base --config.model.attention=reference
 bench base_xla_attention configs/wmt14_ende.py:base --config.model.attention=xla
-bench big configs/wmt14_ende.py:big
+bench big configs/wmt14_ende.py:big --checkpoint_saves=3
 bench big_remat_dots configs/wmt14_ende.py:big --config.model.remat=dots
 bench big_scan configs/wmt14_ende.py:big --config.model.scan_layers=True
 bench big_accum2 configs/wmt14_ende.py:big --config.train.grad_accum_steps=2
