@@ -1,5 +1,7 @@
 """Orbax round trips, the run's config record, and clear errors for missing or mismatched checkpoints."""
 
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -64,17 +66,24 @@ def test_missing_and_mismatched_checkpoints_are_clear_errors(tmp_path):
 
 def test_run_config_record(tmp_path):
   cfg = base_config()
-  checkpoints.save_run_config(tmp_path, cfg)
+  assert checkpoints.check_run_config(tmp_path, cfg) == []  # a new workdir
+  checkpoints.write_run_config(tmp_path, cfg)
   assert checkpoints.load_run_config(tmp_path).model.d_model == 512
   cfg.train.steps = 5  # training longer, or with other batches, is a resume, not a different run
   cfg.data.tokens_per_batch = 100
-  checkpoints.save_run_config(tmp_path, cfg)
+  assert checkpoints.check_run_config(tmp_path, cfg) == []
   cfg.model.d_model = 256
   cfg.data.vocab_size = 100
   with pytest.raises(ConfigError, match=r"different config \(model.d_model: 512 -> 256, "
                                        r"data.vocab_size: 37000 -> 100\); .*--allow_config_change"):
-    checkpoints.save_run_config(tmp_path, cfg)
-  assert checkpoints.load_run_config(tmp_path).model.d_model == 512  # nothing overwritten
+    checkpoints.check_run_config(tmp_path, cfg)
+  # Allowed, the changes are listed; the new config replaces the old, which is kept.
+  assert checkpoints.check_run_config(tmp_path, cfg, allow_changes=True) == [
+      "model.d_model: 512 -> 256", "data.vocab_size: 37000 -> 100"]
+  checkpoints.write_run_config(tmp_path, cfg, previous_step=7)
+  assert checkpoints.load_run_config(tmp_path).model.d_model == 256
+  kept = json.loads((tmp_path / "config.until_step7.json").read_text())
+  assert kept["model"]["d_model"] == 512 and kept["train"]["steps"] == 100_000
   with pytest.raises(checkpoints.CheckpointError, match="not a training workdir"):
     checkpoints.load_run_config(tmp_path / "elsewhere")
 

@@ -88,13 +88,6 @@ def write_run_config(workdir: str | os.PathLike, cfg: ml_collections.ConfigDict,
   tmp.replace(path)
 
 
-def save_run_config(workdir: str | os.PathLike, cfg: ml_collections.ConfigDict) -> None:
-  """Checks `cfg` against the run in `workdir` (ConfigError if the model or data differ) and writes
-  config.json."""
-  check_run_config(workdir, cfg)
-  write_run_config(workdir, cfg)
-
-
 def load_run_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
   path = Path(workdir) / CONFIG_FILE
   if not path.is_file():
@@ -163,21 +156,24 @@ def _write_errors(mngr: ocp.CheckpointManager):
     steps = mngr.all_steps()
     kept = (f"the latest complete checkpoint is step {max(steps)}" if steps else
             "no checkpoint is complete yet")
+    fix = "Free space (or fix the directory) and run" if _os_reason(e) else "Run"
     raise CheckpointError(f"could not write a checkpoint to {mngr.directory}: "
-                          f"{describe_os_error(e)}; {kept}. Free space (or fix the directory) and "
-                          "run the same command again to resume") from None
+                          f"{describe_os_error(e)}; {kept}. {fix} the same command again to "
+                          "resume") from None
 
 
-def describe_os_error(error: BaseException) -> str:
-  """The operating system's reason inside an error from Orbax or TensorStore, e.g. 'No space left
-  on device', else the error's first line."""
+def _os_reason(error: BaseException) -> str | None:
+  """The operating system's reason inside an error from Orbax or TensorStore, if there is one."""
   if isinstance(error, OSError) and error.strerror:
     return error.strerror
   code = re.search(r"os_error_code='?(\d+)", str(error))
-  if code:
-    return os.strerror(int(code.group(1)))
+  return os.strerror(int(code.group(1))) if code else None
+
+
+def describe_os_error(error: BaseException) -> str:
+  """E.g. 'No space left on device' for an error from the OS, else the error's first line."""
   first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-  return f"{type(error).__name__}: {first[:200]}"
+  return _os_reason(error) or f"{type(error).__name__}: {first[:200]}"
 
 
 def _available_steps(mngr: ocp.CheckpointManager, step: int | None) -> list[int]:
