@@ -181,7 +181,7 @@ CASES = {
 }
 
 
-def run_case(name, case, cfg, run, tmp_path):
+def run_case(case, cfg, run, tmp_path):
   """Makes the case's bad input under `tmp_path`, runs the program; returns (result, before, after)
   with snapshots of every file the program could touch."""
   tmp = tmp_path / "inputs"
@@ -209,7 +209,7 @@ def outcomes(trained, tmp_path_factory):
   """Every case, three at a time (each is a process that mostly starts up): name -> outcome."""
   cfg, run = trained
   with concurrent.futures.ThreadPoolExecutor(3) as pool:
-    futures = {name: pool.submit(run_case, name, case, cfg, run,
+    futures = {name: pool.submit(run_case, case, cfg, run,
                                  tmp_path_factory.mktemp(name.replace(" ", "_")[:40]))
                for name, case in CASES.items()}
     return {name: future.result() for name, future in futures.items()}
