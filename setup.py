@@ -27,9 +27,12 @@ setup(
         "sacrebleu>=2.4.0",
         "sacremoses>=0.1.1",    # Moses tokenizer for the paper's tokenized BLEU
         "numpy>=1.26",
-        "matplotlib>=3.7",      # figures: experiment plots (transformer/plot.py)
+        "matplotlib>=3.7",      # figures: run comparisons, attention maps (plot.py, attention.py)
+        "tensorboardX>=2.6",    # TensorBoard event files without TensorFlow (metrics.py)
+        "tqdm>=4.64",           # the progress bar on a terminal (progress.py)
     ],
-    extras_require={"test": ["pytest>=7.0"]},
+    extras_require={"test": ["pytest>=7.0",
+                             "tensorboard>=2.14"]},  # tests read the event files back with it
     entry_points={"console_scripts": [
         "transformer-train=transformer.train:run",
         "transformer-eval=transformer.evaluate:run",
@@ -37,5 +40,7 @@ setup(
         "transformer-benchmark=transformer.benchmark:run",
         "transformer-average=transformer.average:run",
         "transformer-translate=transformer.translate:run",
+        "transformer-plot=transformer.plot:run",
+        "transformer-attention=transformer.attention:run",
     ]},
 )

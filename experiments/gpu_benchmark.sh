@@ -25,7 +25,7 @@ bench big_accum2 configs/wmt14_ende.py:big --config.train.grad_accum_steps=2
 python - "$out" <<'PY'
 import json, sys
 from pathlib import Path
-from transformer.benchmark import table_peak
+from transformer.info import table_peak
 print("| setting | tokens/s | step s | MFU (table peak) | MFU vs measured | peak GiB | decode sent/s |")
 print("|---|---|---|---|---|---|---|")
 for path in sorted(Path(sys.argv[1]).glob("*.json")):

@@ -1,4 +1,4 @@
-"""Collect an experiment's runs into results.csv, a Table-3-style results.md and two plots.
+"""Collect an experiment's runs into results.csv, a Table-3-style results.md and two figures.
 
 Everything is read back from what the programs wrote in each workdir: config.json, the last
 checkpoint's step, metrics.jsonl ('eval' records for dev perplexity and the loss curve, 'train'
@@ -16,7 +16,12 @@ from typing import Any
 
 from experiments.grids import Grid
 from transformer import checkpoints, plot
-from transformer.metrics import format_duration, read_metrics
+from transformer.metrics import (
+  METRICS_FILE,
+  format_duration,
+  read_metrics,
+  training_clock,
+)
 from transformer.model import ModelConfig, analytic_param_count
 
 # Table 3's hyper-parameter columns: header -> how to read it from a run config.
@@ -45,17 +50,6 @@ def trained_steps(workdir: Path) -> int:
   return max(steps, default=0)
 
 
-def training_seconds(train_records: Sequence[dict[str, Any]]) -> float:
-  """Wall time spent training, over every process that trained the run (interrupted ones included, up
-  to their last progress line): each process's `elapsed` restarts from 0, so sum each one's last."""
-  total, last = 0.0, 0.0
-  for record in train_records:
-    if record["elapsed"] < last:  # a new process took over
-      total += last
-    last = record["elapsed"]
-  return total + last
-
-
 def _report(path: Path) -> dict[str, Any] | None:
   return json.loads(path.read_text()) if path.is_file() else None
 
@@ -75,11 +69,11 @@ def collect(runs: Sequence[Any]) -> list[dict[str, Any]]:
     row["params"] = summaries[-1]["parameters"] if summaries else analytic_param_count(model)
     row["steps_done"] = trained_steps(run.workdir)
     row["finished"] = row["steps_done"] >= cfg.train.steps
-    row["train_sec"] = round(training_seconds([r for r in records if r["event"] == "train"]), 1)
+    clock = training_clock([r for r in records if r["event"] == "train"])
+    row["train_sec"] = round(clock[-1] if clock else 0.0, 1)
     evals = {r["step"]: r for r in records if r["event"] == "eval"}  # a resumed step: the last
     final = evals.get(row["steps_done"])
     row["dev_ppl"] = final["perplexity"] if final else None
-    row["dev_nll_curve"] = [(step, evals[step]["nll"]) for step in sorted(evals)]
     eval_sec = 0.0
     for name, (path, _) in run.evals.items():
       report = _report(path)
@@ -139,10 +133,10 @@ def markdown_table(rows: list[dict[str, Any]], grid: Grid) -> str:
 
 
 def write(rows: list[dict[str, Any]], grid: Grid, root: Path) -> list[Path]:
-  """results.csv, results.md, dev_loss.png and bleu.png in `root`."""
+  """results.csv, results.md, curves.png and bleu.png in `root`."""
   root.mkdir(parents=True, exist_ok=True)
   csv_path = root / "results.csv"
-  fields = [k for k in rows[0] if k != "dev_nll_curve"]
+  fields = list(rows[0])
   with csv_path.open("w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
@@ -161,12 +155,11 @@ def write(rows: list[dict[str, Any]], grid: Grid, root: Path) -> list[Path]:
         "(sum over runs).", ""]
   (root / "results.md").write_text("\n".join(md))
 
-  curves = {}
-  for variant in grid.variants:
-    curves[variant.name] = [r["dev_nll_curve"] for r in rows if r["variant"] == variant.name
-                            and r["dev_nll_curve"]]
-  plot.curves_by_group(curves, root / "dev_loss.png", xlabel="step",
-                       ylabel="dev loss (nats per token)", title=f"{grid.name}: dev loss")
+  workdirs = {v.name: [r["workdir"] for r in rows if r["variant"] == v.name
+                      and Path(r["workdir"], METRICS_FILE).is_file()] for v in grid.variants}
+  if any(workdirs.values()):
+    plot.compare_runs({name: dirs for name, dirs in workdirs.items() if dirs}, root / "curves.png",
+                      title=f"{grid.name}: training curves (thin: seeds, thick: their mean)")
   bleu = {}
   for variant in grid.variants:
     bleu[variant.name] = {name: [r[f"{name}_bleu"] for r in finished if r["variant"] == variant.name
@@ -174,4 +167,5 @@ def write(rows: list[dict[str, Any]], grid: Grid, root: Path) -> list[Path]:
                           for name in ["dev", *grid.test_sets]}
   plot.bars_with_error(bleu, root / "bleu.png", ylabel="sacreBLEU",
                        title=f"{grid.name}: BLEU (mean ± std over seeds)")
-  return [csv_path, root / "results.md", root / "dev_loss.png", root / "bleu.png"]
+  return [p for p in (csv_path, root / "results.md", root / "curves.png", root / "bleu.png")
+          if p.exists()]

@@ -5,8 +5,8 @@ import math
 import pytest
 from conftest import tiny_run_config
 
-from transformer.benchmark import benchmark, benchmark_input, spread, table_peak
-from transformer.info import training_flops_per_target_token
+from transformer.benchmark import benchmark, benchmark_input, spread
+from transformer.info import table_peak, training_flops_per_target_token
 from transformer.model import ModelConfig
 
 

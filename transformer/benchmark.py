@@ -10,7 +10,7 @@ program's search, `decode.*` settings) on `--decode_batches` batches of the eval
 and `--checkpoint_saves` asynchronous checkpoint saves (how long each stops training).
 Prints one JSON object (and writes it to `--output`): target tokens/s, step time (median, spread),
 analytic training FLOPs per step (info.training_flops_per_target_token), MFU against the device's
-peak (PEAK_TFLOPS, `--peak_tflops`, or a measured matmul with `--measure_peak`), decode sentences/s
+peak (info.PEAK_TFLOPS, `--peak_tflops`, or a measured matmul with `--measure_peak`), decode sentences/s
 and peak device memory where the backend reports it. With --input_pipeline it instead runs the
 config's real training input pipeline (read, tokenize, filter, batch; no device work) for
 `--batches` batches and reports the tokens per second it can produce. Timings live here, never in
@@ -46,37 +46,11 @@ from transformer.cli import (
 from transformer.config import ConfigError, validate
 from transformer.data.sources import DataError
 from transformer.distributed import DistributedError
-from transformer.info import training_flops_per_target_token
+from transformer.info import table_peak, training_flops_per_target_token
 from transformer.model import EOS_ID, PAD_ID, ModelConfig, Transformer
 from transformer.train import jit_train_fns, prepare_data
 
 FLAGS = flags.FLAGS
-
-# Dense bf16 peak TFLOP/s per JAX device (vendor data sheets, no sparsity). TPU v2/v3 devices are
-# single cores (half a chip); later TPUs are whole chips. Matched as a prefix of device_kind.
-PEAK_TFLOPS = {
-    "NVIDIA H200": 989.0,
-    "NVIDIA H100 80GB HBM3": 989.0,   # SXM
-    "NVIDIA H100 PCIe": 756.0,
-    "NVIDIA H100 NVL": 835.0,
-    "NVIDIA A100": 312.0,
-    "NVIDIA L4": 121.0,
-    "Tesla V100": 125.0,    # fp16 tensor cores: V100 has no bf16
-    "Tesla P100": 21.2,     # fp16
-    "TPU v2": 22.5,
-    "TPU v3": 61.5,
-    "TPU v4": 275.0,
-    "TPU v5 lite": 197.0,   # v5e
-    "TPU v5": 459.0,        # v5p
-    "TPU v6 lite": 918.0,   # v6e (Trillium)
-}
-
-
-def table_peak(device_kind: str) -> float | None:
-  """The bf16 peak of `device_kind` from PEAK_TFLOPS (longest matching prefix), or None."""
-  matches = [k for k in PEAK_TFLOPS if device_kind.startswith(k)]
-  return PEAK_TFLOPS[max(matches, key=len)] if matches else None
-
 
 def measure_peak_tflops(dtype: Any, size: int = 4096, repeats: int = 10) -> float:
   """TFLOP/s of a large square matmul in `dtype` on one device: an achievable peak."""

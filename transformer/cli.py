@@ -61,6 +61,13 @@ def define_distributed_flags() -> None:
   flags.DEFINE_integer("process_id", None, "This process's index, 0 .. num_processes - 1.")
 
 
+def define_progress_flag() -> None:
+  """The flag of programs with a progress display (progress.py)."""
+  from transformer.progress import MODES
+  flags.DEFINE_enum("progress", "auto", list(MODES), "Progress display: 'auto' = a bar on a "
+                    "terminal, plain periodic log lines otherwise; 'bar', 'lines' or 'off'.")
+
+
 def initialize_distributed() -> None:
   """Joins the job the distributed flags describe (call first in main, before any device use)."""
   from transformer import distributed

@@ -27,8 +27,8 @@ import numpy as np
 import sentencepiece as spm
 from absl import app, flags
 
-from transformer import bleu, checkpoints, decode, partitioning
-from transformer.cli import run_program
+from transformer import bleu, checkpoints, decode, partitioning, progress
+from transformer.cli import define_progress_flag, run_program
 from transformer.config import ConfigError
 from transformer.data import sources
 from transformer.data import vocab as vocab_lib
@@ -93,33 +93,32 @@ def translate(model: Transformer, params: Any, vocab: spm.SentencePieceProcessor
     search = lambda p, src, lim, decode_len: decode.beam_search(
         model, p, src, lim, decode_len, beam_size, alpha)[0]
   outputs: list[list[int]] = [[] for _ in sentences]
-  compile_time, decode_time, translated = 0.0, 0.0, 0
-  for length, members in groups.items():
-    decode_len = length + max_extra_len if max_output is None else min(length + max_extra_len,
-                                                                       max_output)
-    rows = max(mesh.size, tokens_per_batch // length // mesh.size * mesh.size)
-    fn = jax.jit(functools.partial(search, decode_len=decode_len))
-    key = (length, rows, decode_len, beam_size, alpha)
-    compiled = compiled_cache.get(key)
-    for start in range(0, len(members), rows):
-      chunk = members[start:start + rows]
-      src = pad_rows([np.array(ids[i], np.int32) for i in chunk], length, rows)
-      src_len = (src != 0).sum(1)
-      limits = np.where(src_len > 0, np.minimum(src_len + max_extra_len, decode_len), 1)
-      batch = partitioning.shard_batch({"src": src, "limits": limits.astype(np.int32)}, mesh)
-      if compiled is None:
+  compile_time, decode_time = 0.0, 0.0
+  with progress.Progress("translating", len(order), "sentences", line_seconds=10.0) as bar:
+    for length, members in groups.items():
+      decode_len = length + max_extra_len if max_output is None else min(length + max_extra_len,
+                                                                         max_output)
+      rows = max(mesh.size, tokens_per_batch // length // mesh.size * mesh.size)
+      fn = jax.jit(functools.partial(search, decode_len=decode_len))
+      key = (length, rows, decode_len, beam_size, alpha)
+      compiled = compiled_cache.get(key)
+      for start in range(0, len(members), rows):
+        chunk = members[start:start + rows]
+        src = pad_rows([np.array(ids[i], np.int32) for i in chunk], length, rows)
+        src_len = (src != 0).sum(1)
+        limits = np.where(src_len > 0, np.minimum(src_len + max_extra_len, decode_len), 1)
+        batch = partitioning.shard_batch({"src": src, "limits": limits.astype(np.int32)}, mesh)
+        if compiled is None:
+          t = time.time()
+          compiled = compiled_cache[key] = fn.lower(params, batch["src"], batch["limits"]).compile()
+          compile_time += time.time() - t
         t = time.time()
-        compiled = compiled_cache[key] = fn.lower(params, batch["src"], batch["limits"]).compile()
-        compile_time += time.time() - t
-      t = time.time()
-      tokens = np.asarray(jax.device_get(compiled(params, batch["src"], batch["limits"])))
-      decode_time += time.time() - t
-      for row, i in enumerate(chunk):
-        out = tokens[row].tolist()
-        outputs[i] = out[:out.index(EOS_ID)] if EOS_ID in out else out
-    translated += len(members)
-    log.info("translated %d/%d sentences (source length <= %d; %.1fs compile, %.1fs decoding so far)",
-             translated, len(order), length, compile_time, decode_time)
+        tokens = np.asarray(jax.device_get(compiled(params, batch["src"], batch["limits"])))
+        decode_time += time.time() - t
+        for row, i in enumerate(chunk):
+          out = tokens[row].tolist()
+          outputs[i] = out[:out.index(EOS_ID)] if EOS_ID in out else out
+        bar.update(len(chunk), tokens=sum(len(outputs[i]) for i in chunk))
   hypotheses = [vocab.decode(o) for o in outputs]
   stats = {"sentences": len(sentences), "truncated_sources": truncated,
            "compile_sec": compile_time, "decode_sec": decode_time,
@@ -193,9 +192,9 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
   json_path.parent.mkdir(exist_ok=True)
   hyp_path.write_text("".join(h + "\n" for h in hypotheses))
   json_path.write_text(json.dumps(report, indent=2) + "\n")
-  MetricWriter(workdir).write("bleu", step, test_set=name, averaged=len(steps), bleu=score["bleu"],
-                              tokenized_bleu=paper_score["bleu"], signature=score["signature"],
-                              **settings)
+  with MetricWriter(workdir, tensorboard_dir="eval") as writer:
+    writer.write("bleu", step, test_set=name, averaged=len(steps), bleu=score["bleu"],
+                 tokenized_bleu=paper_score["bleu"], signature=score["signature"], **settings)
   report["files"] = [str(hyp_path), str(json_path)]
   return report
 
@@ -206,6 +205,7 @@ def main(argv: list[str]) -> None:
   if FLAGS.workdir is None:
     raise app.UsageError("pass --workdir=DIR, the directory transformer-train wrote")
   try:
+    progress.configure(FLAGS.progress)
     if FLAGS.watch:
       from transformer.watch import watch
       watch(FLAGS.workdir, poll_seconds=FLAGS.poll_seconds, idle_minutes=FLAGS.idle_minutes,
@@ -246,6 +246,7 @@ def run() -> None:
                      "checkpoint (0 = wait until training finishes).")
   flags.DEFINE_integer("average_last", 1, "Average the parameters of the last N checkpoints (up to "
                        "--step if given), as the paper did: 5 for base, 20 for big.")
+  define_progress_flag()
   run_program("transformer-eval", main)
 
 

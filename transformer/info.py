@@ -1,4 +1,5 @@
-"""Model summary: parameters per module, the analytic count, training FLOPs per target token.
+"""Model summary: parameters per module, the analytic count, training FLOPs per target token; and
+the accelerators' peak FLOP/s that MFU (training's progress records, the benchmark) divides by.
 
     transformer-info --config=configs/wmt14_ende.py:base
     transformer-info --config=configs/wmt14_ende.py:big --seq_len=30
@@ -28,6 +29,32 @@ from transformer.model import (
 FLAGS = flags.FLAGS
 # The paper's rounded counts (Table 3), keyed by (num_layers, d_model, d_ff, num_heads).
 PAPER_PARAMS = {(6, 512, 2048, 8): "65M (paper, 'base')", (6, 1024, 4096, 16): "213M (paper, 'big')"}
+
+
+# Dense bf16 peak TFLOP/s per JAX device (vendor data sheets, no sparsity). TPU v2/v3 devices are
+# single cores (half a chip); later TPUs are whole chips. Matched as a prefix of device_kind.
+PEAK_TFLOPS = {
+    "NVIDIA H200": 989.0,
+    "NVIDIA H100 80GB HBM3": 989.0,   # SXM
+    "NVIDIA H100 PCIe": 756.0,
+    "NVIDIA H100 NVL": 835.0,
+    "NVIDIA A100": 312.0,
+    "NVIDIA L4": 121.0,
+    "Tesla V100": 125.0,    # fp16 tensor cores: V100 has no bf16
+    "Tesla P100": 21.2,     # fp16
+    "TPU v2": 22.5,
+    "TPU v3": 61.5,
+    "TPU v4": 275.0,
+    "TPU v5 lite": 197.0,   # v5e
+    "TPU v5": 459.0,        # v5p
+    "TPU v6 lite": 918.0,   # v6e (Trillium)
+}
+
+
+def table_peak(device_kind: str) -> float | None:
+  """The bf16 peak of `device_kind` from PEAK_TFLOPS (longest matching prefix), or None."""
+  matches = [k for k in PEAK_TFLOPS if device_kind.startswith(k)]
+  return PEAK_TFLOPS[max(matches, key=len)] if matches else None
 
 
 def param_counts(config: ModelConfig) -> dict[str, int]:

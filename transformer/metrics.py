@@ -1,7 +1,10 @@
-"""Metrics to WORKDIR/metrics.jsonl (one JSON object per line) and progress lines to the log.
+"""Metrics to WORKDIR/metrics.jsonl (one JSON object per line) and to TensorBoard event files.
 
 Only process 0 writes, so a multi-host job keeps one record. Every record has `event` ('train',
 'eval', 'bleu', ...), `step` and a wall-clock `time`; readers (plots, experiment tables) filter on these.
+The same numbers go to TensorBoard through tensorboardX, which writes event files without TensorFlow:
+training's in WORKDIR itself, the evaluation program's in WORKDIR/eval, so `tensorboard --logdir runs`
+shows one run per workdir (and its '/eval' beside it).
 """
 
 from __future__ import annotations
@@ -9,18 +12,31 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 
 METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_EVENTS = ("train", "eval", "checkpoint")  # and 'bleu', named by test set
 
 
 class MetricWriter:
-  def __init__(self, workdir: str | os.PathLike):
+  """Appends records to metrics.jsonl and their numbers to TensorBoard (`close()` when done).
+
+  `tensorboard_dir` is relative to the workdir. `purge_step` (a resumed run's first new step) tells
+  TensorBoard to hide what an earlier process logged from that step on, so a resumed run's curves
+  do not double back.
+  """
+
+  def __init__(self, workdir: str | os.PathLike, tensorboard_dir: str = ".",
+               purge_step: int | None = None):
     self.path = Path(workdir) / METRICS_FILE
+    self.tensorboard_dir = Path(workdir) / tensorboard_dir
+    self.purge_step = purge_step
     self.enabled = jax.process_index() == 0
+    self._tensorboard = None  # opened at the first record: a run that fails to start writes nothing
 
   def write(self, event: str, step: int, **values: Any) -> None:
     if not self.enabled:
@@ -29,6 +45,40 @@ class MetricWriter:
     record.update({k: _plain(v) for k, v in values.items()})
     with self.path.open("a") as f:
       f.write(json.dumps(record) + "\n")
+    scalars = tensorboard_scalars(record)
+    if scalars:
+      if self._tensorboard is None:
+        from tensorboardX import SummaryWriter
+        self._tensorboard = SummaryWriter(str(self.tensorboard_dir), purge_step=self.purge_step)
+      for tag, value in scalars.items():
+        self._tensorboard.add_scalar(tag, value, record["step"], walltime=record["time"])
+      self._tensorboard.flush()  # a few records a minute: flushing each keeps TensorBoard live
+
+  def close(self) -> None:
+    if self._tensorboard is not None:
+      self._tensorboard.close()
+      self._tensorboard = None
+
+  def __enter__(self) -> MetricWriter:
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
+
+
+def tensorboard_scalars(record: dict[str, Any]) -> dict[str, float]:
+  """The TensorBoard scalars of a metrics record: every number of a 'train', 'eval' or 'checkpoint'
+  record as 'event/key' (train/loss, eval/perplexity, ...); BLEU as bleu/<test set> and
+  tokenized_bleu/<test set> (with _avg<K> for averaged checkpoints)."""
+  event = record["event"]
+  if event == "bleu":
+    name = record["test_set"] + (f"_avg{record['averaged']}" if record.get("averaged", 1) > 1 else "")
+    return {f"{kind}/{name}": record[kind] for kind in ("bleu", "tokenized_bleu") if kind in record}
+  if event not in TENSORBOARD_EVENTS:
+    return {}
+  return {f"{event}/{key}": value for key, value in record.items()
+          if key not in ("event", "step", "time") and isinstance(value, (int, float))
+          and not isinstance(value, bool)}
 
 
 def read_metrics(workdir: str | os.PathLike, event: str | None = None) -> list[dict[str, Any]]:
@@ -42,6 +92,18 @@ def read_metrics(workdir: str | os.PathLike, event: str | None = None) -> list[d
     except json.JSONDecodeError:
       continue  # the half-written last line of a run that was killed
   return [r for r in records if event is None or r["event"] == event]
+
+
+def training_clock(train_records: Sequence[dict[str, Any]]) -> list[float]:
+  """The training wall time up to each 'train' record, summed over every process that trained the
+  run: each process's `elapsed` restarts from 0 (downtime between them is not counted)."""
+  total, last, clock = 0.0, 0.0, []
+  for record in train_records:
+    if record["elapsed"] < last:  # a new process took over
+      total += last
+    last = record["elapsed"]
+    clock.append(total + last)
+  return clock
 
 
 def _plain(value: Any) -> Any:
@@ -58,4 +120,3 @@ def format_duration(seconds: float) -> str:
   hours, rest = divmod(seconds, 3600)
   minutes, secs = divmod(rest, 60)
   return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
-

@@ -115,19 +115,26 @@ def constrain(x: jax.Array, *axes: str | None) -> jax.Array:
   return nn.with_logical_constraint(x, axes, rules=partitioning.RULES)
 
 
+def attention_weights(query: jax.Array, key: jax.Array, mask: jax.Array | None) -> jax.Array:
+  """softmax(Q K^T / sqrt(d_k)) per head, float32; [B,T,H,K] x [B,S,H,K] -> [B,H,T,S].
+
+  `mask` broadcasts to [B,H,T,S] and is True where a query may attend.
+  """
+  logits = jnp.einsum("bthk,bshk->bhts", query, key, preferred_element_type=jnp.float32)
+  logits = logits / math.sqrt(query.shape[-1])
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  return jax.nn.softmax(logits, axis=-1)
+
+
 def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None,
                           dropout: Callable[[jax.Array], jax.Array] = lambda w: w) -> jax.Array:
   """softmax(Q K^T / sqrt(d_k)) V per head; [B,T,H,K] x [B,S,H,K] x [B,S,H,V] -> [B,T,H,V].
 
-  The reference: `mask` broadcasts to [B,H,T,S] and is True where a query may attend. Logits and
-  softmax are float32. Used for attention dropout and unequal d_k / d_v, which the fused kernels lack.
+  The reference (float32 logits and softmax), used for attention dropout and unequal d_k / d_v,
+  which the fused kernels lack.
   """
-  depth = query.shape[-1]
-  logits = jnp.einsum("bthk,bshk->bhts", query, key, preferred_element_type=jnp.float32)
-  logits = logits / math.sqrt(depth)
-  if mask is not None:
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-  weights = dropout(jax.nn.softmax(logits, axis=-1))
+  weights = dropout(attention_weights(query, key, mask))
   return jnp.einsum("bhts,bshv->bthv", weights.astype(value.dtype), value)
 
 
@@ -154,7 +161,9 @@ class MultiHeadAttention(nn.Module):
 
   `cache` selects decoding behaviour: None (full sequences), 'self' (one new query position per call;
   keys and values are appended to a cache of length `decode_len`), 'cross' (keys and values of the
-  encoder output are projected on the first call and reused).
+  encoder output are projected on the first call and reused). Applied with the 'intermediates'
+  collection mutable, it also records its attention weights [B,H,T,S] there ('attention_weights',
+  read by attention.py's maps); otherwise that costs nothing.
   """
   config: ModelConfig
 
@@ -190,6 +199,8 @@ class MultiHeadAttention(nn.Module):
       key, value = key_proj(inputs_kv), value_proj(inputs_kv)
     query, key, value = (constrain(x, "batch", "length", "act_heads", "kv") for x in (query, key, value))
 
+    if self.is_mutable_collection("intermediates"):
+      self.sow("intermediates", "attention_weights", attention_weights(query, key, mask))
     with_dropout = not deterministic and cfg.attention_dropout > 0.0
     kernel = attention_kernel(cfg, with_dropout, decoding=cache is not None)
     if kernel == "reference":
@@ -296,7 +307,7 @@ def stack_layers(config: ModelConfig, layer: type[nn.Module], x: jax.Array, *arg
       x = layer(config, **layer_kwargs, name=f"layer_{i}")(x, *args)
     return x
   scan = nn.scan(lambda module, carry, *rest: (module(carry, *rest), None),
-                 variable_axes={"params": 0, "cache": 0}, split_rngs={"params": True, "dropout": True},
+                 variable_axes={"params": 0, "cache": 0, "intermediates": 0}, split_rngs={"params": True, "dropout": True},
                  in_axes=nn.broadcast, length=config.num_layers,
                  metadata_params={nn.PARTITION_NAME: "layers"})
   x, _ = scan(layer(config, **layer_kwargs, name="layers"), x, *args)

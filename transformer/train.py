@@ -40,9 +40,10 @@ from absl import app, flags
 from flax.training import train_state
 from ml_collections import config_flags
 
-from transformer import checkpoints, faults, partitioning, preemption
+from transformer import checkpoints, faults, partitioning, preemption, progress
 from transformer.cli import (
   define_distributed_flags,
+  define_progress_flag,
   initialize_distributed,
   run_program,
 )
@@ -50,6 +51,7 @@ from transformer.config import ConfigError, validate
 from transformer.data import pipeline, sources
 from transformer.data import vocab as vocab_lib
 from transformer.distributed import DistributedError, leader_first
+from transformer.info import table_peak, training_flops_per_target_token
 from transformer.metrics import MetricWriter, format_duration
 from transformer.model import (
   PAD_ID,
@@ -246,6 +248,15 @@ def interval_record(step_sums: list[dict[str, np.ndarray]], seconds: float) -> d
           "tokens": tokens, "tokens_per_sec": tokens / seconds}
 
 
+def batch_flops(config: ModelConfig, batch: dict[str, np.ndarray]) -> float:
+  """Analytic training FLOPs of this process's share of a batch (info.py's count, at the padded
+  shape the device computes), times the processes: the global batch's."""
+  rows, src_len = batch["src"].shape
+  tgt_len = batch["tgt"].shape[1]
+  return (training_flops_per_target_token(config, src_len, tgt_len) * rows * tgt_len
+          * jax.process_count())
+
+
 def batch_spec(cfg: ml_collections.ConfigDict, num_devices: int) -> pipeline.BatchSpec:
   """How the training pipeline batches: rows divisible by the devices times the micro-batches."""
   return pipeline.BatchSpec(
@@ -386,18 +397,23 @@ def _write_and_train(run: Run, changed: list[str]) -> dict[str, Any]:
   log.info("Model: %s parameters; %d devices (%s) in %d process(es); mesh %s", f"{n_params:,}",
            run.mesh.size, jax.devices()[0].platform, jax.process_count(),
            " x ".join(f"{axis} {size}" for axis, size in run.mesh.shape.items()))
-  with preemption.StopRequests() as stop:
-    return _train_loop(run, mngr, stop, n_params)
+  # TensorBoard hides what an earlier process logged after the checkpoint this run resumes from.
+  with (preemption.StopRequests() as stop,
+        MetricWriter(workdir, purge_step=start + 1 if start else None) as writer,
+        progress.Progress("training", cfg.train.steps, "steps", initial=start,
+                          line_seconds=None) as bar):  # (in a log: the loop's own lines)
+    return _train_loop(run, mngr, stop, writer, bar, n_params)
 
 
-def _train_loop(run: Run, mngr, stop: preemption.StopRequests, n_params: int) -> dict[str, Any]:
+def _train_loop(run: Run, mngr, stop: preemption.StopRequests, writer: MetricWriter,
+                bar: progress.Progress, n_params: int) -> dict[str, Any]:
   cfg, workdir, mesh, state = run.cfg, run.workdir, run.mesh, run.state
   eval_fn = partitioning.with_mesh(jax.jit(functools.partial(eval_step, model=run.model),
                                            out_shardings=partitioning.replicated(mesh)), mesh)
   schedule = learning_rate_schedule(cfg.model.d_model, cfg.train.warmup_steps,
                                     cfg.train.learning_rate)
   dropout_rng = jax.random.key(cfg.seed + 1, impl=cfg.train.dropout_rng)
-  writer = MetricWriter(workdir)
+  peak = table_peak(jax.devices()[0].device_kind)  # None off the table (CPUs): no MFU then
   watch = faults.NonFiniteWatch(skip=cfg.train.on_nonfinite == "skip")
   start, total = int(state.step), cfg.train.steps
   if start >= total:
@@ -406,7 +422,7 @@ def _train_loop(run: Run, mngr, stop: preemption.StopRequests, n_params: int) ->
   data_state = run.data_state
   healthy = jax.device_put(True, partitioning.replicated(mesh))  # laid out like the step's output
   t_start = time.time()
-  interval_start, interval_sums = time.time(), []
+  interval_start, interval_sums, interval_flops = time.time(), [], 0.0
   tokens_seen = 0.0
   minutes = cfg.train.checkpoint_minutes  # the wall-clock cadence; 0 = off
   last_save, saved_step = time.time(), start
@@ -428,6 +444,8 @@ def _train_loop(run: Run, mngr, stop: preemption.StopRequests, n_params: int) ->
     watch.record(step + 1, batch, data_state, sums)
     data_state = next_data_state
     interval_sums.append(sums)  # fetched only when logging, so the host never waits on the device
+    interval_flops += batch_flops(run.model.config, batch)
+    bar.update(1, tokens=float((batch["tgt"] != PAD_ID).sum()) * jax.process_count())
     done = step + 1
     log_due = done % cfg.train.log_every == 0 or done == total
     eval_due = done % cfg.train.eval_every == 0 or done == total
@@ -445,15 +463,21 @@ def _train_loop(run: Run, mngr, stop: preemption.StopRequests, n_params: int) ->
       record = interval_record(step_sums, now - interval_start)
       record.update(learning_rate=float(schedule(step)),
                     epoch=run.train_pipeline.epoch_fraction(data_state), elapsed=now - t_start,
-                    skipped_updates=watch.skipped)
+                    skipped_updates=watch.skipped,
+                    tflops_per_sec=interval_flops / (now - interval_start) / 1e12)
+      if peak:
+        record["mfu"] = record["tflops_per_sec"] / (peak * jax.device_count())
       tokens_seen += record.pop("tokens")
       writer.write("train", done, **record)
       eta = record["elapsed"] / (done - start) * (total - done)
-      log.info("step %d/%d | loss %.3f | nll %.3f | lr %.2e | %.0f tok/s | elapsed %s | ETA %s",
-               done, total, record["loss"], record["nll"], record["learning_rate"],
-               record["tokens_per_sec"], format_duration(record["elapsed"]), format_duration(eta))
+      mfu = f" | MFU {record['mfu']:.1%}" if "mfu" in record else ""
+      log.info("step %d/%d | loss %.3f | nll %.3f | lr %.2e | %.0f tok/s | %.2f TFLOP/s%s | "
+               "elapsed %s | ETA %s", done, total, record["loss"], record["nll"],
+               record["learning_rate"], record["tokens_per_sec"], record["tflops_per_sec"], mfu,
+               format_duration(record["elapsed"]), format_duration(eta))
+      bar.update(0, loss=record["loss"])
       checkpoints.check_saves(mngr)  # a failed background write (disk full) stops the run here
-      interval_start, interval_sums = time.time(), []
+      interval_start, interval_sums, interval_flops = time.time(), [], 0.0
     if eval_due:
       metrics = evaluate_loss(eval_fn, state.params, run.eval_batches, mesh)
       writer.write("eval", done, **metrics)
@@ -511,6 +535,7 @@ def main(argv: list[str]) -> None:
     raise app.UsageError("pass --config=configs/multi30k.py (or another config) and --workdir=DIR")
   try:
     initialize_distributed()
+    progress.configure(FLAGS.progress)
     train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
   except preemption.Interrupted as e:
     print(f"transformer-train: {e}", file=sys.stderr)
@@ -530,6 +555,7 @@ def run() -> None:
                     "model or data config (e.g. fine-tuning with another dropout or data); the old "
                     "config.json is kept as config.until_step<N>.json.")
   define_distributed_flags()
+  define_progress_flag()
   run_program("transformer-train", main)
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from absl import app, flags
 
-from transformer import checkpoints
-from transformer.cli import run_program
+from transformer import checkpoints, progress
+from transformer.cli import define_progress_flag, run_program
 from transformer.config import ConfigError
 from transformer.data import sources
 from transformer.evaluate import decode_settings, load_model, translate
@@ -66,6 +66,7 @@ def main(argv: list[str]) -> None:
   if FLAGS.workdir is None:
     raise app.UsageError("pass --workdir=DIR, the directory transformer-train wrote")
   try:
+    progress.configure(FLAGS.progress)
     sentences = read_input(FLAGS.input_file)
     cfg = checkpoints.load_run_config(FLAGS.workdir)
     settings = decode_settings(cfg, FLAGS.beam_size, FLAGS.alpha, FLAGS.max_extra_len)
@@ -94,6 +95,7 @@ def run() -> None:
   flags.DEFINE_integer("beam_size", None, "Beam size (default: config.decode.beam_size; 1 = greedy).")
   flags.DEFINE_float("alpha", None, "Length-penalty alpha (default: config.decode.alpha).")
   flags.DEFINE_integer("max_extra_len", None, "Output length limit = input length + this.")
+  define_progress_flag()
   run_program("transformer-translate", main)
 
 
