@@ -2,12 +2,28 @@
 
 import json
 
+import matplotlib.image
+import numpy as np
 import pytest
 from conftest import cli_overrides, run_cli, tiny_run_config
 
 from transformer.evaluate import evaluate
 from transformer.metrics import read_metrics
 from transformer.train import train_and_evaluate
+
+
+def tensorboard_scalars(logdir):
+  """{tag: [(step, value), ...]} as TensorBoard reads the event files of one run directory."""
+  from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+  events = EventAccumulator(str(logdir))
+  events.Reload()
+  return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def assert_same_points(got, expected):
+  """The same steps, and values equal up to TensorBoard's float32."""
+  assert [step for step, _ in got] == [step for step, _ in expected]
+  np.testing.assert_allclose([v for _, v in got], [v for _, v in expected], rtol=1e-6)
 
 
 def test_train_resume_and_evaluate(tmp_path):
@@ -49,6 +65,23 @@ def test_train_resume_and_evaluate(tmp_path):
   assert len(hypotheses) == 40
   assert read_metrics(workdir, "bleu")[-1]["bleu"] == report["sacrebleu"]["bleu"]
 
+  # TensorBoard shows the same numbers: training's in the workdir (the resumed process's steps
+  # follow the first's, none twice), the evaluation program's BLEU in eval/.
+  scalars = tensorboard_scalars(workdir)
+  for tag, key in (("train/loss", "loss"), ("train/learning_rate", "learning_rate"),
+                   ("train/grad_norm", "grad_norm"), ("train/tokens_per_sec", "tokens_per_sec"),
+                   ("train/tflops_per_sec", "tflops_per_sec")):
+    assert_same_points(scalars[tag], [(r["step"], r[key]) for r in read_metrics(workdir, "train")])
+  assert [step for step, _ in scalars["train/loss"]] == [2, 4, 6, 8]
+  assert "train/mfu" not in scalars  # no peak FLOP/s is known for a CPU
+  for key in ("nll", "accuracy", "perplexity"):
+    assert_same_points(scalars[f"eval/{key}"],
+                       [(r["step"], r[key]) for r in read_metrics(workdir, "eval")])
+  bleu_scalars = tensorboard_scalars(workdir / "eval")
+  assert sorted(bleu_scalars) == ["bleu/validation", "tokenized_bleu/validation"]
+  assert_same_points(bleu_scalars["bleu/validation"], [(8, report["sacrebleu"]["bleu"])])
+  assert_same_points(bleu_scalars["tokenized_bleu/validation"], [(8, paper["bleu"])])
+
   # Checkpoint averaging: the last 2 make a new workdir that the evaluation program reads like a
   # training one.
   averaged = tmp_path / "averaged"
@@ -80,6 +113,22 @@ def test_train_resume_and_evaluate(tmp_path):
   assert on_the_fly["averaged_steps"] == [6, 8]
   assert on_the_fly["files"][1].endswith("validation_step8_avg2.json")
   assert on_the_fly["sacrebleu"]["bleu"] == pytest.approx(from_file["sacrebleu"]["bleu"])
+
+  # The pictures (their contents: tests/test_visualisation.py): the run compared with its average,
+  # and the attention maps of the model's own translation of one sentence.
+  out = run_cli("transformer.plot", str(workdir), str(averaged), f"--output={tmp_path / 'c.png'}")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "2 run(s) in 2 group(s): run, averaged" in out.stdout
+  assert matplotlib.image.imread(tmp_path / "c.png").ndim == 3
+  out = run_cli("transformer.attention", f"--workdir={workdir}", "--source=A dog runs.")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "Translation by the checkpoint at step 8:" in out.stderr
+  pictures = workdir / "attention"
+  assert sorted(p.name for p in pictures.iterdir()) == [
+      "attention.npz", "cross_attention.png", "decoder_self_attention.png",
+      "encoder_self_attention.png", "heads", "positional_encoding.png"]
+  assert len(list((pictures / "heads").glob("*.png"))) == 3 * 1 * 4  # kinds x layers x heads
+  assert matplotlib.image.imread(pictures / "cross_attention.png").ndim == 3
 
   # Every mistake's one-line error: tests/test_bad_inputs.py.
 

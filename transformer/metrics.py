@@ -49,7 +49,10 @@ class MetricWriter:
     if scalars:
       if self._tensorboard is None:
         from tensorboardX import SummaryWriter
-        self._tensorboard = SummaryWriter(str(self.tensorboard_dir), purge_step=self.purge_step)
+        # tensorboardX names the file by the second; the suffix keeps two writers of the same
+        # second (a quick restart) apart, in the order TensorBoard reads them.
+        self._tensorboard = SummaryWriter(str(self.tensorboard_dir), purge_step=self.purge_step,
+                                          filename_suffix=f".{time.time_ns() % 10**9:09d}")
       for tag, value in scalars.items():
         self._tensorboard.add_scalar(tag, value, record["step"], walltime=record["time"])
       self._tensorboard.flush()  # a few records a minute: flushing each keeps TensorBoard live

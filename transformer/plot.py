@@ -43,10 +43,11 @@ def run_curves(workdir: str | Path) -> dict[str, list[tuple[float, float, float]
   step (interpolated between progress lines).
   """
   records = read_metrics(workdir)
-  train = _last_per_step([r for r in records if r["event"] == "train"])
-  clock_steps = [r["step"] for r in train]
-  clock = training_clock(train)
-  hours = lambda step: float(np.interp(step, clock_steps, clock)) / 3600 if clock else float("nan")
+  train = [r for r in records if r["event"] == "train"]
+  clock = dict(zip((r["step"] for r in train), training_clock(train)))  # a repeated step: the last
+  steps = sorted(clock)
+  hours = lambda step: (float(np.interp(step, steps, [clock[s] for s in steps])) / 3600 if clock
+                        else float("nan"))
   curves: dict[str, list[tuple[float, float, float]]] = {}
   for label, event, key in LOSS_METRICS:
     points = [(r["step"], hours(r["step"]), r[key])
@@ -77,7 +78,9 @@ def compare_runs(groups: Mapping[str, Sequence[str | Path]], path: Path, title: 
   (closed) so callers can inspect its panels."""
   curves = {label: [run_curves(w) for w in workdirs] for label, workdirs in groups.items()}
   metrics = [m for m, _, _ in LOSS_METRICS if any(m in c for runs in curves.values() for c in runs)]
-  metrics += sorted({m for runs in curves.values() for c in runs for m in c} - set(metrics))
+  runs_with = lambda m: sum(m in c for runs in curves.values() for c in runs)
+  metrics += sorted({m for runs in curves.values() for c in runs for m in c} - set(metrics),
+                    key=lambda m: (-runs_with(m), m))  # BLEU: the set every run has (dev) first
   if not metrics:
     raise ValueError("no training or evaluation records in metrics.jsonl of "
                      + ", ".join(str(w) for ws in groups.values() for w in ws))
@@ -123,15 +126,6 @@ def draw_groups(ax: plt.Axes, groups: Mapping[str, Sequence[Curve]]) -> None:
     else:  # no shared x values (training hours of several seeds): label the thin lines
       ax.plot([], [], color=colour, linewidth=0.8, label=label)
   ax.grid(alpha=0.3)
-
-
-def curves_by_group(groups: Mapping[str, Sequence[Curve]], path: Path, xlabel: str, ylabel: str,
-                    title: str = "") -> Path:
-  """One panel of `draw_groups`."""
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  draw_groups(ax, groups)
-  ax.set_xlabel(xlabel)
-  return _save(fig, ax, path, ylabel, title, legend=bool(groups))
 
 
 def bars_with_error(values: Mapping[str, Mapping[str, Sequence[float]]], path: Path, ylabel: str,

@@ -92,9 +92,13 @@ class Progress:
     self.close()
 
   def _postfix(self) -> str:
-    parts = [f"{self.tokens / max(time.time() - self.start, 1e-9):,.0f} tok/s"] if self.tokens else []
+    """tok/s at the bar's recent rate (tqdm smooths it, so compilation fades out), then fields."""
+    parts = []
+    rate, done = self._bar.format_dict["rate"], self.count - self.initial
+    if self.tokens and rate and done:
+      parts.append(f"{self.tokens / done * rate:,.0f} tok/s")
     parts += [f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in self.fields.items()]
-    return ", " + ", ".join(parts) if parts else ""
+    return ", ".join(parts)  # tqdm puts ', ' before it
 
   def _line(self) -> None:
     elapsed = time.time() - self.start

@@ -1,0 +1,84 @@
+"""metrics.jsonl and the TensorBoard event files beside it, read back as TensorBoard reads them."""
+
+import json
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from transformer.metrics import (
+  MetricWriter,
+  read_metrics,
+  tensorboard_scalars,
+  training_clock,
+)
+
+
+def read_tensorboard(logdir):
+  events = EventAccumulator(str(logdir))
+  events.Reload()
+  return {tag: [(e.step, e.value, e.wall_time) for e in events.Scalars(tag)]
+          for tag in events.Tags()["scalars"]}
+
+
+def test_every_record_goes_to_jsonl_and_its_numbers_to_tensorboard(tmp_path):
+  with MetricWriter(tmp_path) as writer:
+    writer.write("train", 10, loss=np.float32(4.5), learning_rate=1e-3, grad_norm=0.7,
+                 tokens_per_sec=1500.0, tflops_per_sec=0.25, mfu=0.41)
+    writer.write("eval", 10, nll=3.25, accuracy=0.5, perplexity=25.79)
+    writer.write("summary", 10, steps=10, parameters=1000)  # one-off totals: jsonl only
+  assert [r["event"] for r in read_metrics(tmp_path)] == ["train", "eval", "summary"]
+  assert read_metrics(tmp_path, "train")[0]["loss"] == 4.5
+  scalars = read_tensorboard(tmp_path)
+  assert sorted(scalars) == ["eval/accuracy", "eval/nll", "eval/perplexity", "train/grad_norm",
+                             "train/learning_rate", "train/loss", "train/mfu",
+                             "train/tflops_per_sec", "train/tokens_per_sec"]
+  train_time = read_metrics(tmp_path, "train")[0]["time"]
+  step, value, wall_time = scalars["train/mfu"][0]
+  assert (step, wall_time) == (10, pytest.approx(train_time)) and value == pytest.approx(0.41)
+  assert scalars["eval/perplexity"][0][:2] == (10, pytest.approx(25.79))
+
+
+def test_bleu_is_named_by_test_set_and_averaging(tmp_path):
+  with MetricWriter(tmp_path, tensorboard_dir="eval") as writer:
+    writer.write("bleu", 500, test_set="validation", averaged=1, bleu=30.5, tokenized_bleu=31.5,
+                 signature="nrefs:1|...", beam_size=4)
+    writer.write("bleu", 500, test_set="long", averaged=5, bleu=10.25, tokenized_bleu=11.0)
+  scalars = read_tensorboard(tmp_path / "eval")
+  assert {tag: [(s, v) for s, v, _ in points] for tag, points in scalars.items()} == {
+      "bleu/validation": [(500, 30.5)], "tokenized_bleu/validation": [(500, 31.5)],
+      "bleu/long_avg5": [(500, 10.25)], "tokenized_bleu/long_avg5": [(500, 11.0)]}
+  assert not list(tmp_path.glob("events.*"))  # the evaluation's go to eval/ only
+
+
+def test_a_resumed_run_hides_what_the_interrupted_one_logged_after_its_checkpoint(tmp_path):
+  with MetricWriter(tmp_path) as first:
+    for step in (2, 4, 6):
+      first.write("train", step, loss=10.0 - step)
+  with MetricWriter(tmp_path, purge_step=4) as resumed:  # resumed from the checkpoint at step 3
+    for step in (4, 6, 8):
+      resumed.write("train", step, loss=float(step))
+  points = [(s, v) for s, v, _ in read_tensorboard(tmp_path)["train/loss"]]
+  assert points == [(2, 8.0), (4, 4.0), (6, 6.0), (8, 8.0)]
+
+
+def test_nothing_is_written_before_the_first_record(tmp_path):
+  MetricWriter(tmp_path / "run").close()
+  assert not (tmp_path / "run").exists()
+
+
+def test_tensorboard_scalars_of_a_record():
+  record = {"event": "checkpoint", "step": 5, "time": 1.0, "blocking_sec": 0.2, "ok": True}
+  assert tensorboard_scalars(record) == {"checkpoint/blocking_sec": 0.2}
+  assert tensorboard_scalars({"event": "interrupted", "step": 5, "time": 1.0}) == {}
+
+
+def test_a_half_written_last_line_is_skipped(tmp_path):
+  (tmp_path / "metrics.jsonl").write_text(json.dumps({"event": "train", "step": 1}) + '\n{"ev')
+  assert read_metrics(tmp_path) == [{"event": "train", "step": 1}]
+
+
+def test_training_time_adds_up_every_process_that_trained_the_run():
+  records = [{"elapsed": e} for e in (10.0, 20.0, 25.0, 5.0, 15.0, 3.0)]  # two restarts
+  assert training_clock(records) == [10.0, 20.0, 25.0, 30.0, 40.0, 43.0]
+  assert training_clock([]) == []
