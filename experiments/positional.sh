@@ -8,5 +8,5 @@ root=${1:-runs/experiments/positional}
 python -m experiments.run positional --base=configs/multi30k.py --base.train.steps=500 \
   --base.train.warmup_steps=400 --base.train.eval_every=100 --seeds=3 --root="$root"
 mkdir -p experiments/results/positional
-cp "$root"/results.md "$root"/results.csv "$root"/dev_loss.png "$root"/bleu.png "$root"/test_sets/long.json \
+cp "$root"/results.md "$root"/results.csv "$root"/curves.png "$root"/bleu.png "$root"/test_sets/long.json \
   experiments/results/positional/

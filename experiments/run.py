@@ -13,7 +13,7 @@ the same command picks up where it stopped. `--print_commands` prints one shell 
 for a cluster scheduler; once they have finished, the same command without it collects the results.
 
 Output in ROOT: results.csv (one row per run), results.md (the paper's Table 3 layout, mean ± std over
-seeds), dev_loss.png and bleu.png. `--base.KEY=VALUE` overrides the base config for every variant.
+seeds), curves.png and bleu.png. `--base.KEY=VALUE` overrides the base config for every variant.
 """
 
 from __future__ import annotations

@@ -178,6 +178,21 @@ CASES = {
                                     stdin=b"Caf\xe9\n"),
     "translate a missing file": Case("translate", ("--workdir={run}", "--input_file={tmp}/no.en"),
                                      "data file not found: {tmp}/no.en"),
+    # ------------------------------------------------------------------------- pictures of a run
+    "plot a directory without metrics": Case("plot", ("{tmp}", "--output={tmp}/c.png"),
+                                             "no metrics.jsonl in {tmp}: pass the workdirs that "
+                                             "transformer-train wrote"),
+    "attention of an empty source": Case("attention", ("--workdir={run}", "--source= "),
+                                         "--source is empty; pass a sentence"),
+    "attention of an over-long source": Case(
+        "attention", ("--workdir={run}", "--source=" + "a man rides a horse " * 20),
+        "tokens long (with </s>); this model's runs take at most 40 (config.data.max_len)"),
+    "attention of an empty target": Case("attention", ("--workdir={run}", "--source=A dog.",
+                                                       "--target="),
+                                         "--target is empty; pass the translation to draw"),
+    "attention of a non-workdir": Case("attention", ("--workdir={tmp}", "--source=A dog."),
+                                       "{tmp}/config.json not found: {tmp} is not a training "
+                                       "workdir"),
 }
 
 

@@ -183,13 +183,3 @@ def test_comparison_has_a_row_per_metric_and_columns_for_steps_and_hours(tmp_pat
   mean_line = [line for line in axes[0].get_lines() if line.get_label() == "a (n=2)"][0]
   np.testing.assert_allclose(mean_line.get_ydata(), [4.05, 3.05])  # the mean of the two seeds
   assert matplotlib.image.imread(tmp_path / "c.png").ndim == 3
-
-
-def test_plot_command_names_a_directory_without_metrics(tmp_path):
-  from conftest import run_cli
-  out = run_cli("transformer.plot", str(tmp_path), f"--output={tmp_path / 'c.png'}")
-  assert out.returncode == 1
-  assert out.stderr.strip().splitlines()[-1] == (
-      f"transformer-plot: error: no metrics.jsonl in {tmp_path}: pass the workdirs that "
-      "transformer-train wrote")
-  assert not (tmp_path / "c.png").exists()

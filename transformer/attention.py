@@ -199,10 +199,7 @@ def write_figures(maps: AttentionMaps, tables: dict[str, np.ndarray], output_dir
 # ---------------------------------------------------------------------------------- command line
 
 def token_ids(vocab, text: str, what: str, max_len: int) -> list[int]:
-  """SentencePiece ids of `text` and EOS; an empty or over-long text is an error."""
-  if not text.strip():
-    raise ConfigError(f"--{what} is empty; pass a sentence, e.g. --{what}=\"A man is riding a "
-                      "bicycle.\"")
+  """SentencePiece ids of `text` and EOS; an over-long text is an error."""
   ids = vocab.encode(text) + [EOS_ID]
   if len(ids) > max_len:
     raise ConfigError(f"--{what} is {len(ids)} tokens long (with </s>); this model's runs take at "
@@ -215,12 +212,21 @@ def visualize(workdir: str, source: str, target: str | None = None, step: int | 
   """Attention maps of `workdir`'s checkpoint for one sentence; returns them, the files and step."""
   from transformer.evaluate import decode_settings, load_model, translate
   cfg, vocab, model, params, steps = load_model(workdir, step)
+  if not source.strip():
+    raise ConfigError("--source is empty; pass a sentence, e.g. --source=\"A man is riding a "
+                      "bicycle.\"")
   source_ids = token_ids(vocab, source, "source", cfg.data.max_len)
   if target is None:
     target = translate(model, params, vocab, [source], tokens_per_batch=cfg.decode.tokens_per_batch,
                        max_source_len=cfg.data.max_len,
                        **decode_settings(cfg, None, None, None))[0][0]
     log.info("Translation by the checkpoint at step %d: %s", steps[-1], target)
+    if not target.strip():
+      raise ConfigError(f"the checkpoint at step {steps[-1]} translates the source to an empty "
+                        "sentence; pass --target=\"...\" to draw the attention of a translation")
+  elif not target.strip():
+    raise ConfigError("--target is empty; pass the translation to draw, or leave --target out to "
+                      "draw the model's own")
   target_ids = token_ids(vocab, target, "target", cfg.data.max_len)
   pieces = [vocab.id_to_piece(i) for i in range(vocab.get_piece_size())]
   pieces[EOS_ID], pieces[BOS_ID] = "</s>", "<s>"

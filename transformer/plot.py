@@ -24,6 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
+from transformer import checkpoints  # noqa: E402
 from transformer.metrics import METRICS_FILE, read_metrics, training_clock  # noqa: E402
 
 Curve = Sequence[tuple[float, float]]
@@ -55,10 +56,19 @@ def run_curves(workdir: str | Path) -> dict[str, list[tuple[float, float, float]
     if points:
       curves[label] = points
   bleu = [r for r in records if r["event"] == "bleu" and r.get("averaged", 1) == 1]
-  for test_set in sorted({r["test_set"] for r in bleu}):
+  dev = _eval_split(workdir)
+  for test_set in sorted({r["test_set"] for r in bleu}, key=lambda name: (name != dev, name)):
     same_set = _last_per_step([r for r in bleu if r["test_set"] == test_set])
     curves[f"BLEU ({test_set})"] = [(r["step"], hours(r["step"]), r["bleu"]) for r in same_set]
   return curves
+
+
+def _eval_split(workdir: str | Path) -> str | None:
+  """The run's validation split, whose BLEU panel comes first (None if config.json is unreadable)."""
+  try:
+    return checkpoints.load_run_config(workdir).data.eval_split
+  except (checkpoints.CheckpointError, ValueError):
+    return None
 
 
 def _last_per_step(records: list[dict]) -> list[dict]:
@@ -78,9 +88,9 @@ def compare_runs(groups: Mapping[str, Sequence[str | Path]], path: Path, title: 
   (closed) so callers can inspect its panels."""
   curves = {label: [run_curves(w) for w in workdirs] for label, workdirs in groups.items()}
   metrics = [m for m, _, _ in LOSS_METRICS if any(m in c for runs in curves.values() for c in runs)]
-  runs_with = lambda m: sum(m in c for runs in curves.values() for c in runs)
-  metrics += sorted({m for runs in curves.values() for c in runs for m in c} - set(metrics),
-                    key=lambda m: (-runs_with(m), m))  # BLEU: the set every run has (dev) first
+  for runs in curves.values():  # BLEU panels in the runs' own order (their dev split first)
+    for run in runs:
+      metrics += [m for m in run if m not in metrics]
   if not metrics:
     raise ValueError("no training or evaluation records in metrics.jsonl of "
                      + ", ".join(str(w) for ws in groups.values() for w in ws))

@@ -398,10 +398,11 @@ def _write_and_train(run: Run, changed: list[str]) -> dict[str, Any]:
            run.mesh.size, jax.devices()[0].platform, jax.process_count(),
            " x ".join(f"{axis} {size}" for axis, size in run.mesh.shape.items()))
   # TensorBoard hides what an earlier process logged after the checkpoint this run resumes from.
+  # The bar shows on process 0's terminal; in a log file the loop's own lines are the progress.
   with (preemption.StopRequests() as stop,
         MetricWriter(workdir, purge_step=start + 1 if start else None) as writer,
-        progress.Progress("training", cfg.train.steps, "steps", initial=start,
-                          line_seconds=None) as bar):  # (in a log: the loop's own lines)
+        progress.Progress("training", cfg.train.steps, "steps", initial=start, line_seconds=None,
+                          mode=None if jax.process_index() == 0 else "off") as bar):
     return _train_loop(run, mngr, stop, writer, bar, n_params)
 
 
