@@ -50,7 +50,7 @@ def test_a_log_file_gets_plain_periodic_lines(caplog):
     bar.update(60, tokens=1200.0)
   assert stream.getvalue() == ""  # lines go through the log, never a carriage return
   lines = [r.getMessage() for r in caplog.records]
-  assert len(lines) == 3  # one per update (line_seconds=0), and the last one at close
+  assert len(lines) == 2  # one per update (line_seconds=0); at close, the final count was shown
   assert lines[0].startswith("translating: 40/100 sentences | ")
   assert lines[-1].startswith("translating: 100/100 sentences | ")
   for part in ("sentences/s", "tok/s", "elapsed 0m00s", "ETA 0m00s"):
@@ -78,3 +78,11 @@ def test_the_mode_flag_overrides_detection():
   assert progress.resolve_mode(None, Terminal()) == "bar"
   with pytest.raises(ValueError, match="progress mode must be one of auto, bar, lines, off"):
     progress.configure("fancy")
+
+
+def test_the_final_count_is_logged_once_at_close(caplog):
+  caplog.set_level(logging.INFO, logger="transformer")
+  with progress.Progress("translating", total=10, unit="sentences", line_seconds=3600.0,
+                         stream=io.StringIO()) as bar:
+    bar.update(10)  # too soon for a periodic line
+  assert [r.getMessage().split(" | ")[0] for r in caplog.records] == ["translating: 10/10 sentences"]

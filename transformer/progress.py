@@ -56,6 +56,7 @@ class Progress:
     self.line_seconds = line_seconds
     self.count, self.tokens, self.fields = initial, 0.0, {}
     self.start = self.last_line = time.time()
+    self.count_at_last_line = initial
     self._bar, self._redirect = None, None
     if self.mode == "bar":
       self._bar = tqdm(total=total, initial=initial, unit=unit, desc=description, file=self.stream,
@@ -82,8 +83,9 @@ class Progress:
       self._bar.close()
       self._redirect.__exit__(None, None, None)
       self._bar = None
-    elif self.mode == "lines" and self.line_seconds is not None and self.count > self.initial:
-      self._line()
+    elif (self.mode == "lines" and self.line_seconds is not None
+          and self.count > self.count_at_last_line):
+      self._line()  # the final count, unless the last line already showed it
 
   def __enter__(self) -> Progress:
     return self
@@ -111,4 +113,4 @@ class Progress:
     parts += [f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in self.fields.items()]
     parts += [f"elapsed {format_duration(elapsed)}", f"ETA {eta}"]
     log.info(" | ".join(parts))
-    self.last_line = time.time()
+    self.last_line, self.count_at_last_line = time.time(), self.count
