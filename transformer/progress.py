@@ -10,6 +10,7 @@ plain line every `line_seconds`, because a redrawn bar would fill the file with 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from typing import IO, Any
@@ -40,6 +41,13 @@ def resolve_mode(mode: str | None, stream: IO[str]) -> str:
   return "bar" if getattr(stream, "isatty", lambda: False)() else "lines"
 
 
+def _terminal_width(stream: IO[str]) -> int:
+  try:
+    return os.get_terminal_size(stream.fileno()).columns
+  except (AttributeError, OSError, ValueError):  # not a file, or not a terminal
+    return 0
+
+
 class Progress:
   """`update(n, tokens=..., loss=...)` after each unit of work; use as a context manager.
 
@@ -59,8 +67,11 @@ class Progress:
     self.count_at_last_line = initial
     self._bar, self._redirect = None, None
     if self.mode == "bar":
+      # Some ptys (CI runners, `script`) report a 0 x 0 terminal, where tqdm would draw nothing.
+      sized = _terminal_width(self.stream) > 0
       self._bar = tqdm(total=total, initial=initial, unit=unit, desc=description, file=self.stream,
-                       dynamic_ncols=True, smoothing=0.1, bar_format=(
+                       dynamic_ncols=sized, ncols=None if sized else 100,
+                       nrows=None if sized else 20, smoothing=0.1, bar_format=(
                            "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {unit} "
                            "[elapsed {elapsed}, ETA {remaining}{postfix}]"))
       self._redirect = logging_redirect_tqdm(loggers=[log])
