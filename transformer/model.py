@@ -307,7 +307,8 @@ def stack_layers(config: ModelConfig, layer: type[nn.Module], x: jax.Array, *arg
       x = layer(config, **layer_kwargs, name=f"layer_{i}")(x, *args)
     return x
   scan = nn.scan(lambda module, carry, *rest: (module(carry, *rest), None),
-                 variable_axes={"params": 0, "cache": 0, "intermediates": 0}, split_rngs={"params": True, "dropout": True},
+                 variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+                 split_rngs={"params": True, "dropout": True},
                  in_axes=nn.broadcast, length=config.num_layers,
                  metadata_params={nn.PARTITION_NAME: "layers"})
   x, _ = scan(layer(config, **layer_kwargs, name="layers"), x, *args)
