@@ -1,6 +1,9 @@
 """Train a tiny model on a slice of the bundled data, resume it, and evaluate it as a user would."""
 
 import json
+import os
+import shutil
+import subprocess
 
 import matplotlib.image
 import numpy as np
@@ -140,6 +143,18 @@ def test_train_resume_and_evaluate(tmp_path):
   assert matplotlib.image.imread(pictures / "cross_attention.png").ndim == 3
 
   # Every mistake's one-line error: tests/test_bad_inputs.py.
+
+
+def test_console_scripts_explain_themselves():
+  """`transformer-<program> --help` (the installed console scripts) shows the program's usage and
+  its flags, though the script is not the module that defines them."""
+  for script, expected in (("transformer-eval", "--average_last: Average the parameters"),
+                           ("transformer-attention", "--source: The source sentence.")):
+    out = subprocess.run([shutil.which(script), "--help"], capture_output=True, text=True,
+                         env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=120)
+    assert expected in out.stdout, out.stdout + out.stderr[-2000:]  # (absl exits 1 after --help)
+    assert f"{script} --workdir=runs/m30k" in out.stdout
+    assert "--progress: <auto|bar|lines|off>" in out.stdout or script == "transformer-attention"
 
 
 def test_info_prints_counts_and_flops():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -37,6 +38,9 @@ def flags_parser(program: str) -> Callable[[list[str]], list[str]]:
       where = f" ({bad[0]})" if bad else ""
       sys.exit(f"{program}: error: unknown config key {key!r}{where}; every key is listed in "
                "transformer/config.py")
+    except BrokenPipeError:  # `--help | head`: the reader has gone; leave quietly
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+      sys.exit(1)
     except OSError as e:  # ml_collections could not load the config file
       reason = str(e).strip().splitlines()[-1].strip()
       reason = reason.split("because of an earlier failure to load: ")[-1]
@@ -84,7 +88,21 @@ def run_program(program: str, main: Callable[[list[str]], None]) -> None:
     except KeyboardInterrupt:  # (training stops cleanly at the first Ctrl-C; this is the second)
       print(f"{program}: interrupted", file=sys.stderr)
       sys.exit(130)  # the shell's status for SIGINT
+  show_flags_in_help(main.__module__)
   app.run(main_with_logging, flags_parser=flags_parser(program))
+
+
+def show_flags_in_help(module: str) -> None:
+  """--help lists the flags and docstring of the main script only; a console script
+  (transformer-eval) is not the module that defines them, so it gets the program module's docstring,
+  and the program's flags and the shared ones (defined here) become its key flags."""
+  main_module = sys.modules["__main__"]
+  if not main_module.__doc__:
+    main_module.__doc__ = sys.modules[module].__doc__
+  by_module = flags.FLAGS.flags_by_module_dict()
+  for name in (module, __name__):
+    for flag in by_module.get(name, []):
+      flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
 
 
 def setup_logging() -> None:
