@@ -70,6 +70,13 @@ def other_vocabulary(tmp, run):
   vocab_lib.train_vocab(lines, tmp / "copy" / "vocab.model", vocab_size=200)
 
 
+def same_size_other_vocabulary(tmp, run):
+  """A copy of the run whose vocabulary has as many pieces, trained on other text."""
+  copy_run(tmp, run)
+  lines = (tmp.parent / "train.de").read_text().splitlines()
+  vocab_lib.train_vocab(lines, tmp / "copy" / "vocab.model", vocab_size=300)
+
+
 CASES = {
     # ------------------------------------------------------------------ config and flags (train)
     "unknown config key": Case("train", ("--config.model.foo=1",),
@@ -162,7 +169,16 @@ CASES = {
     "source without reference": Case("evaluate", ("--workdir={run}", "--source_file={tmp}/x.en"),
                                      "pass both --source_file and --reference_file, or neither"),
     "bad beam size": Case("evaluate", ("--workdir={run}", "--beam_size=0"),
-                          "decode settings must be beam_size >= 1"),
+                          "--beam_size must be >= 1 (1 = greedy search), got 0"),
+    "n-best list longer than the beam": Case("evaluate", ("--workdir={run}", "--beam_size=2",
+                                                          "--nbest=3"),
+                                             "--nbest must be between 1 and --beam_size (2), got 3"),
+    "negative length penalty": Case("evaluate", ("--workdir={run}", "--alpha=-0.5"),
+                                    "--alpha (the length-penalty exponent) must be >= 0, got -0.5"),
+    "ensemble with another vocabulary": Case("evaluate", ("--workdir={run}",
+                                                          "--ensemble={tmp}/copy"),
+                                             "--ensemble: {tmp}/copy has a different vocabulary "
+                                             "from {run}", prepare=same_size_other_vocabulary),
     "every checkpoint broken (evaluate)": Case(
         "evaluate", ("--workdir={tmp}/copy",),
         "no checkpoint in {tmp}/copy/checkpoints can be restored: step 6 (",
@@ -178,6 +194,15 @@ CASES = {
                                     stdin=b"Caf\xe9\n"),
     "translate a missing file": Case("translate", ("--workdir={run}", "--input_file={tmp}/no.en"),
                                      "data file not found: {tmp}/no.en"),
+    "sampling temperature of zero": Case("translate", ("--workdir={run}", "--sample",
+                                                       "--temperature=0"),
+                                         "--temperature must be > 0, got 0", stdin=b"A dog.\n"),
+    "sampling option without --sample": Case("translate", ("--workdir={run}", "--top_p=0.9"),
+                                             "--top_p only apply with --sample", stdin=b"A dog.\n"),
+    "scoring targets of another line count": Case(
+        "translate", ("--workdir={run}", "--score={tmp}/targets.de"),
+        "2 source lines but 1 target lines", stdin=b"A dog.\nA cat.\n",
+        prepare=lambda tmp, run: write_lines(tmp / "targets.de", ["Ein Hund."])),
     # ------------------------------------------------------------------------- pictures of a run
     "plot a directory without metrics": Case("plot", ("{tmp}", "--output={tmp}/c.png"),
                                              "no metrics.jsonl in {tmp}: pass the workdirs that "

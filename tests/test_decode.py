@@ -1,4 +1,5 @@
-"""Beam search against greedy search, teacher-forced scores and an exhaustive search."""
+"""The searches against plain references: a textbook beam search on full forward passes, exhaustive
+search, greedy by argmax, sampling frequencies, ensembles and forced scores."""
 
 import functools
 import itertools
@@ -10,31 +11,90 @@ import pytest
 from conftest import init_params, random_tokens, tiny_model_config
 
 from transformer import decode
-from transformer.model import EOS_ID, PAD_ID, Transformer, shift_right
+from transformer.model import BOS_ID, EOS_ID, PAD_ID, Transformer
+
+VOCAB = 12
 
 
 @pytest.fixture(scope="module")
 def setup():
-  model = Transformer(tiny_model_config(vocab_size=12))
+  model = Transformer(tiny_model_config(vocab_size=VOCAB))
   params = init_params(model, seed=1, scale=2.0)
-  src = random_tokens(np.random.default_rng(1), 4, 6, 12, lengths=[6, 5, 3, 2])
+  src = random_tokens(np.random.default_rng(1), 4, 6, VOCAB, lengths=[6, 5, 3, 2])
   return model, params, jnp.asarray(src)
+
+
+def next_log_probs(model, params, src_row, prefixes):
+  """log p(next token | source, prefix) for each prefix: a full forward pass, no cache."""
+  tgt_in = np.array([[BOS_ID] + list(p) for p in prefixes], np.int32)
+  src = np.repeat(np.asarray(src_row)[None], len(prefixes), axis=0)
+  logits = model.apply({"params": params}, src, tgt_in)
+  return np.asarray(jax.nn.log_softmax(logits[:, -1].astype(jnp.float32)), np.float64)
+
+
+def reference_beam_search(model, params, src_row, limit, beam, alpha, min_length=0):
+  """A beam search as a textbook writes it, one sentence at a time, for checking the fast one:
+  K live hypotheses; the 2K best extensions; an EOS among the K best finishes a hypothesis with
+  score log p / ((5 + n) / 6) ** alpha; the K best non-EOS extensions live on; stop when no live
+  hypothesis can beat the best finished one even at the length limit. Returns the finished
+  (tokens, score) pairs, best first."""
+  lp = lambda n: ((5.0 + n) / 6.0) ** alpha
+  alive, finished = [((), 0.0)], []
+  for step in range(limit):
+    log_probs = next_log_probs(model, params, src_row, [seq for seq, _ in alive])
+    log_probs[:, [PAD_ID, BOS_ID]] = -np.inf
+    if step + 1 >= limit:
+      log_probs[:, np.arange(VOCAB) != EOS_ID] = -np.inf
+    if step + 1 < min_length:
+      log_probs[:, EOS_ID] = -np.inf
+    candidates = sorted(((score + log_probs[i, token], i * VOCAB + token, seq + (token,))
+                         for i, (seq, score) in enumerate(alive) for token in range(VOCAB)
+                         if log_probs[i, token] > -np.inf), key=lambda c: (-c[0], c[1]))[:2 * beam]
+    for rank, (score, _, seq) in enumerate(candidates):
+      if seq[-1] == EOS_ID and rank < beam:
+        finished.append((seq, score / lp(len(seq))))
+    finished = sorted(finished, key=lambda f: -f[1])[:beam]
+    alive = [(seq, score) for score, _, seq in candidates if seq[-1] != EOS_ID][:beam]
+    if not alive or (finished and finished[0][1] >= alive[0][1] / lp(limit)):
+      break
+  return finished
+
+
+def as_lists(tokens):
+  """Token rows without padding."""
+  return [tuple(int(t) for t in row if t != PAD_ID) for row in np.asarray(tokens)]
+
+
+@pytest.mark.parametrize("beam,alpha,slots", [(4, 0.6, None), (3, 0.0, None), (4, 1.0, 2),
+                                              (2, 0.6, 1), (1, 0.6, 3)])
+def test_beam_search_returns_what_the_reference_search_returns(setup, beam, alpha, slots):
+  model, params, src = setup
+  limits = np.array([9, 7, 5, 8])
+  tokens, scores = jax.jit(functools.partial(
+      decode.beam_search_nbest, model, decode_len=10, beam_size=beam, alpha=alpha, nbest=beam,
+      slots=slots))(params, src, jnp.asarray(limits))
+  for row in range(len(limits)):
+    expected = reference_beam_search(model, params, src[row], limits[row], beam, alpha)
+    assert as_lists(tokens[row])[:len(expected)] == [seq for seq, _ in expected]
+    np.testing.assert_allclose(np.asarray(scores[row])[:len(expected)],
+                               [score for _, score in expected], rtol=1e-5, atol=1e-5)
+
+
+def test_minimum_lengths_match_the_reference_and_forbid_early_eos(setup):
+  model, params, src = setup
+  minimum = np.array([2, 3, 5, 6])
+  tokens, _ = decode.beam_search(model, params, src, jnp.full((4,), 7), 7, beam_size=3,
+                                 min_lengths=jnp.asarray(minimum), slots=2)
+  for row, seq in enumerate(as_lists(tokens)):
+    assert len(seq) >= minimum[row] and seq[-1] == EOS_ID and EOS_ID not in seq[:-1]
+    expected = reference_beam_search(model, params, src[row], 7, 3, 0.6, min_length=minimum[row])
+    assert seq == expected[0][0]
 
 
 def teacher_forced_score(model, params, src, tokens, alpha):
   tgt = jnp.asarray(tokens)
-  log_probs = jax.nn.log_softmax(model.apply({"params": params}, src, shift_right(tgt)))
-  token_log_probs = jnp.take_along_axis(log_probs, tgt[..., None], -1)[..., 0] * (tgt != PAD_ID)
+  token_log_probs = decode.forced_log_probs(model, params, src, tgt)
   return token_log_probs.sum(-1) / decode.length_penalty((tgt != PAD_ID).sum(-1), alpha)
-
-
-def test_beam_of_one_without_length_penalty_is_greedy(setup):
-  model, params, src = setup
-  limits = jnp.array([9, 7, 5, 8])
-  greedy = jax.jit(functools.partial(decode.greedy_search, model, decode_len=10))(params, src, limits)
-  beam, _ = jax.jit(functools.partial(decode.beam_search, model, decode_len=10, beam_size=1,
-                                      alpha=0.0))(params, src, limits)
-  np.testing.assert_array_equal(beam, greedy)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
@@ -53,36 +113,136 @@ def test_beam_scores_are_the_models_penalised_log_probabilities(setup, alpha):
 def test_wide_beam_finds_the_exhaustive_optimum(setup):
   model, params, src = setup
   src = src[:1]
-  vocab, max_len, alpha = 12, 3, 0.6
+  max_len, alpha = 3, 0.6
   best, best_score = None, -np.inf
   for n in range(1, max_len + 1):  # every sequence of n tokens whose last (only) EOS ends it
-    for prefix in itertools.product(range(3, vocab), repeat=n - 1):  # not PAD, EOS or BOS
+    for prefix in itertools.product(range(3, VOCAB), repeat=n - 1):  # not PAD, EOS or BOS
       tokens = np.array([list(prefix) + [EOS_ID]], np.int32)
       score = float(teacher_forced_score(model, params, src, tokens, alpha)[0])
       if score > best_score:
         best, best_score = tokens[0], score
   tokens, score = decode.beam_search(model, params, src, jnp.array([max_len]), max_len,
-                                     beam_size=(vocab - 3) ** (max_len - 1), alpha=alpha)
+                                     beam_size=(VOCAB - 3) ** (max_len - 1), alpha=alpha)
   np.testing.assert_array_equal(np.asarray(tokens[0][:len(best)]), best)
   np.testing.assert_allclose(float(score[0]), best_score, rtol=1e-5)
 
 
-def test_greedy_respects_each_sentences_length_limit(setup):
-  model, params, src = setup
-  limits = jnp.array([1, 2, 3, 4])
-  tokens = decode.greedy_search(model, params, src, limits, 6)
-  lengths = np.asarray((tokens != PAD_ID).sum(-1))
-  assert (lengths <= np.asarray(limits)).all()
-  assert np.asarray(tokens)[0, 0] == EOS_ID
+def reference_greedy(model, params, src_row, limit):
+  seq = ()
+  while not seq or (seq[-1] != EOS_ID and len(seq) < limit):
+    log_probs = next_log_probs(model, params, src_row, [seq])[0]
+    log_probs[[PAD_ID, BOS_ID]] = -np.inf
+    seq += (EOS_ID if len(seq) + 1 >= limit else int(np.argmax(log_probs)),)
+  return seq
 
 
-def test_minimum_lengths_forbid_eos_until_reached(setup):
+@pytest.mark.parametrize("slots", [None, 1, 3])
+def test_greedy_is_the_argmax_path_and_a_beam_of_one_without_penalty(setup, slots):
   model, params, src = setup
-  limits = jnp.array([2, 3, 5, 6])
-  tokens, _ = decode.beam_search(model, params, src, jnp.full((4,), 6), 6, beam_size=3,
-                                 min_lengths=limits)
-  tokens = np.asarray(tokens)
-  lengths = (tokens != PAD_ID).sum(-1)
-  assert (lengths >= np.asarray(limits)).all()
-  for row, n in enumerate(lengths):  # EOS only at the end, never earlier
-    assert tokens[row, n - 1] == EOS_ID and EOS_ID not in tokens[row, :n - 1]
+  limits = jnp.array([9, 7, 2, 8])
+  greedy, log_probs = jax.jit(functools.partial(decode.greedy_search, model, decode_len=10,
+                                                slots=slots))(params, src, limits)
+  assert as_lists(greedy) == [reference_greedy(model, params, src[i], int(limits[i]))
+                              for i in range(4)]
+  np.testing.assert_allclose(log_probs, teacher_forced_score(model, params, src, greedy, 0.0),
+                             rtol=1e-5, atol=1e-5)
+  beam, _ = decode.beam_search(model, params, src, limits, 10, beam_size=1, alpha=0.0)
+  np.testing.assert_array_equal(beam, greedy)
+
+
+def test_queue_padding_is_not_decoded_and_slots_do_not_change_results(setup):
+  model, params, src = setup
+  queue = jnp.concatenate([src, jnp.zeros_like(src[:2])])  # two padding entries at the end
+  limits = jnp.array([9, 7, 5, 8, 0, 0])
+  full, _ = decode.beam_search(model, params, src, limits[:4], 10, beam_size=3)
+  for slots in (1, 2, 5):
+    tokens, scores = decode.beam_search(model, params, queue, limits, 10, beam_size=3, slots=slots)
+    np.testing.assert_array_equal(tokens[:4], full)
+    assert (np.asarray(tokens[4:]) == PAD_ID).all() and (np.asarray(scores[4:]) == decode.NEG_INF).all()
+
+
+def keys_for(n, seed=0):
+  return jax.vmap(jax.random.fold_in, (None, 0))(jax.random.key(seed), jnp.arange(n))
+
+
+def test_sampling_is_reproducible_and_independent_of_slots(setup):
+  model, params, src = setup
+  limits = jnp.array([9, 7, 5, 8])
+  runs = [decode.sample(model, params, src, limits, 10, keys_for(4), slots=s) for s in (None, 1)]
+  np.testing.assert_array_equal(runs[0][0], runs[1][0])
+  first_two = decode.sample(model, params, src[:2], limits[:2], 10, keys_for(4)[:2])
+  np.testing.assert_array_equal(first_two[0], runs[0][0][:2])  # a sentence's key decides its sample
+  other_seed = decode.sample(model, params, src, limits, 10, keys_for(4, seed=1))
+  assert not np.array_equal(other_seed[0], runs[0][0])
+  np.testing.assert_allclose(runs[0][1], teacher_forced_score(model, params, src, runs[0][0], 0.0),
+                             rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("options", [{"top_k": 1}, {"top_p": 1e-6}, {"temperature": 1e-4}])
+def test_sampling_limits_that_leave_one_token_are_greedy(setup, options):
+  model, params, src = setup
+  limits = jnp.array([9, 7, 5, 8])
+  tokens, _ = decode.sample(model, params, src, limits, 10, keys_for(4), **options)
+  np.testing.assert_array_equal(tokens, decode.greedy_search(model, params, src, limits, 10)[0])
+
+
+@pytest.mark.parametrize("options", [{}, {"temperature": 2.0}, {"top_k": 3}, {"top_p": 0.6}])
+def test_sampled_first_tokens_follow_the_filtered_distribution(setup, options):
+  model, params, src = setup
+  n = 3000
+  queue = jnp.repeat(src[:1], n, axis=0)
+  tokens, _ = jax.jit(lambda p, q, k: decode.sample(model, p, q, jnp.full((n,), 5), 5, k,
+                                                    slots=500, **options))(params, queue, keys_for(n))
+  counts = np.bincount(np.asarray(tokens[:, 0]), minlength=VOCAB) / n
+  log_probs = next_log_probs(model, params, src[0], [()])[0]
+  log_probs[[PAD_ID, BOS_ID]] = -np.inf
+  logits = log_probs / options.get("temperature", 1.0)
+  order = np.argsort(-logits)
+  keep = np.ones(VOCAB, bool)
+  if "top_k" in options:
+    keep[order[options["top_k"]:]] = False
+  if "top_p" in options:
+    probs = np.exp(logits[order] - logits.max()) / np.exp(logits - logits.max()).sum()
+    keep[order[(np.cumsum(probs) - probs) >= options["top_p"]]] = False
+  expected = np.where(keep, np.exp(logits - logits.max()), 0.0)
+  np.testing.assert_allclose(counts, expected / expected.sum(), atol=0.03)
+
+
+def test_an_ensemble_of_one_model_twice_is_the_model(setup):
+  model, params, src = setup
+  limits = jnp.array([9, 7, 5, 8])
+  single = decode.beam_search(model, params, src, limits, 10, beam_size=3)
+  double = decode.beam_search((model, model), (params, params), src, limits, 10, beam_size=3)
+  np.testing.assert_array_equal(double[0], single[0])
+  np.testing.assert_allclose(double[1], single[1], rtol=1e-6)
+
+
+def test_ensemble_scores_are_mean_log_probabilities_of_different_models(setup):
+  model, params, src = setup
+  other = Transformer(tiny_model_config(vocab_size=VOCAB, num_layers=1, d_model=8, num_heads=2))
+  other_params = init_params(other, seed=3, scale=2.0)
+  limits = jnp.array([9, 7, 5, 8])
+  models, both = (model, other), (params, other_params)
+  tokens, scores = decode.beam_search(models, both, src, limits, 10, beam_size=3, alpha=0.6)
+  tgt = jnp.asarray(tokens)
+  mean = (decode.forced_log_probs(model, params, src, tgt)
+          + decode.forced_log_probs(other, other_params, src, tgt)) / 2
+  np.testing.assert_allclose(decode.forced_log_probs(models, both, src, tgt), mean, atol=1e-6)
+  lengths = (tgt != PAD_ID).sum(-1)
+  np.testing.assert_allclose(scores, mean.sum(-1) / decode.length_penalty(lengths, 0.6),
+                             rtol=1e-4, atol=1e-4)
+
+
+def test_forced_log_probs_are_log_softmax_at_the_targets(setup):
+  model, params, src = setup
+  tgt = random_tokens(np.random.default_rng(2), 4, 5, VOCAB, lengths=[5, 2, 4, 1])
+  got = np.asarray(decode.forced_log_probs(model, params, src, jnp.asarray(tgt)))
+  for row in range(4):
+    prefix = ()
+    for t, token in enumerate(tgt[row]):
+      if token == PAD_ID:
+        assert got[row, t] == 0.0
+        continue
+      expected = next_log_probs(model, params, src[row], [prefix])[0, token]
+      np.testing.assert_allclose(got[row, t], expected, rtol=1e-5, atol=1e-5)
+      prefix += (int(token),)

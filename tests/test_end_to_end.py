@@ -60,7 +60,8 @@ def test_train_resume_and_evaluate(tmp_path):
   assert report["checkpoint_step"] == 8 and report["sentences"] == 40
   assert 0.0 <= report["sacrebleu"]["bleu"] <= 100.0
   assert report["sacrebleu"]["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
-  assert report["decode"] == {"beam_size": 2, "alpha": 0.6, "max_extra_len": 5}
+  assert report["decode"] == {"search": "beam", "beam_size": 2, "alpha": 0.6, "nbest": 1,
+                              "max_extra_len": 5}
   paper = report["tokenized_bleu"]
   assert 0.0 <= paper["bleu"] <= 100.0 and paper["lines"] == 40 and paper["case"] == "cased"
   assert paper["tokenizer"].startswith("moses(de) + compound splitting")
@@ -81,8 +82,9 @@ def test_train_resume_and_evaluate(tmp_path):
     assert_same_points(scalars[f"eval/{key}"],
                        [(r["step"], r[key]) for r in read_metrics(workdir, "eval")])
   bleu_scalars = tensorboard_scalars(workdir / "eval")
-  assert sorted(bleu_scalars) == ["bleu/validation", "tokenized_bleu/validation"]
+  assert sorted(bleu_scalars) == ["bleu/validation", "chrf/validation", "tokenized_bleu/validation"]
   assert_same_points(bleu_scalars["bleu/validation"], [(8, report["sacrebleu"]["bleu"])])
+  assert_same_points(bleu_scalars["chrf/validation"], [(8, report["chrf"]["chrf"])])
   assert_same_points(bleu_scalars["tokenized_bleu/validation"], [(8, paper["bleu"])])
 
   # Checkpoint averaging: the last 2 make a new workdir that the evaluation program reads like a

@@ -1,16 +1,22 @@
-"""translate(): order kept, empty and over-long lines handled, the same tokens as a direct search."""
+"""translator: order kept, empty and over-long lines handled, the same tokens as a direct search,
+n-best lists, sampling independent of batching, forced scores equal to training's dev loss."""
+
+import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import init_params, tiny_model_config
+from conftest import init_params, tiny_model_config, tiny_run_config
 
-from transformer import decode
+from transformer import decode, translator
 from transformer.config import base_config
 from transformer.data import sources
 from transformer.data import vocab as vocab_lib
-from transformer.evaluate import translate
+from transformer.evaluate import load_model
+from transformer.metrics import read_metrics
 from transformer.model import EOS_ID, Transformer
+from transformer.train import train_and_evaluate
+from transformer.translator import SearchSettings, translate
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +32,9 @@ def test_translate_keeps_order_and_handles_empty_and_long_lines(vocab, positiona
   params = init_params(model, scale=2.0)
   sentences = ["A dog runs on the beach.", "", "Two men are playing football in a big park "
                "while a woman with a red hat watches them from a bench.", "A girl.", "   "]
-  hypotheses, stats = translate(model, params, vocab, sentences, beam_size=1, alpha=0.6,
-                                max_extra_len=5, tokens_per_batch=64, max_source_len=20)
+  result = translate(model, params, vocab, sentences, SearchSettings(beam_size=1, max_extra_len=5),
+                     tokens_per_batch=64, max_source_len=20)
+  hypotheses, stats = result.hypotheses, result.stats
   assert len(hypotheses) == 5 and hypotheses[1] == "" and hypotheses[4] == ""
   assert stats["truncated_sources"] == 1 and stats["sentences"] == 5
   for sentence, hypothesis in zip(sentences, hypotheses):
@@ -36,7 +43,71 @@ def test_translate_keeps_order_and_handles_empty_and_long_lines(vocab, positiona
     ids = vocab.encode(sentence)[:19] + [EOS_ID]  # truncated to max_source_len with EOS
     src = jnp.asarray([ids])
     limit = min(len(ids) + 5, 20) if positional == "learned" else len(ids) + 5
-    tokens = np.asarray(decode.greedy_search(model, params, src, jnp.array([limit]), limit))[0]
+    tokens = np.asarray(decode.greedy_search(model, params, src, jnp.array([limit]), limit)[0])[0]
     tokens = tokens.tolist()
     tokens = tokens[:tokens.index(EOS_ID)] if EOS_ID in tokens else tokens
     assert hypothesis == vocab.decode(tokens)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A tiny finished run: (config, workdir)."""
+  tmp = tmp_path_factory.mktemp("trained")
+  cfg = tiny_run_config(tmp)
+  train_and_evaluate(cfg, str(tmp / "run"))
+  return cfg, tmp / "run"
+
+
+def test_mean_forced_nll_on_the_dev_set_is_trainings_dev_loss(trained):
+  cfg, workdir = trained
+  cfg, vocab, model, params, steps = load_model(workdir)
+  text = sources.load_split(cfg.data, cfg.data.eval_split)
+  pairs = [(s, t) for s, t in zip(text.source, text.target)  # training's eval keeps these pairs
+           if max(len(vocab.encode(s)), len(vocab.encode(t))) + 1 <= cfg.data.max_len]
+  scores = translator.score(model, params, vocab, [s for s, _ in pairs], [t for _, t in pairs],
+                            tokens_per_batch=128, max_len=cfg.data.max_len)
+  nll = -sum(s["log_prob"] for s in scores) / sum(s["tokens"] for s in scores)
+  dev = [r for r in read_metrics(workdir, "eval") if r["step"] == steps[-1]][0]
+  assert sum(s["tokens"] for s in scores) == dev["tokens"]
+  assert nll == pytest.approx(dev["nll"], rel=1e-4)
+  first = scores[0]
+  assert len(first["token_log_probs"]) == len(first["pieces"]) == first["tokens"]
+  assert first["pieces"][-1] == "</s>" and first["log_prob"] == pytest.approx(
+      sum(first["token_log_probs"]), rel=1e-6)
+
+
+def test_nbest_lists_are_the_searchs_and_start_with_the_translation(trained):
+  cfg, workdir = trained
+  cfg, vocab, model, params, _ = load_model(workdir)
+  sentences = sources.load_split(cfg.data, cfg.data.eval_split).source[:12]
+  settings = SearchSettings(beam_size=3, nbest=3, max_extra_len=5)
+  result = translate(model, params, vocab, sentences, settings, tokens_per_batch=48,
+                     max_source_len=cfg.data.max_len)
+  single = translate(model, params, vocab, sentences, SearchSettings(beam_size=3, max_extra_len=5),
+                     tokens_per_batch=1000, max_source_len=cfg.data.max_len)
+  assert result.hypotheses == single.hypotheses
+  for sentence, nbest, best in zip(sentences, result.nbest, result.hypotheses):
+    assert len(nbest) == 3 and nbest[0]["text"] == best
+    assert [h["score"] for h in nbest] == sorted((h["score"] for h in nbest), reverse=True)
+    ids = [vocab.encode(sentence)[:cfg.data.max_len - 1] + [EOS_ID]]
+    tokens, scores = decode.beam_search_nbest(model, params, jnp.asarray(ids),
+                                              jnp.array([len(ids[0]) + 5]), len(ids[0]) + 5,
+                                              beam_size=3, alpha=0.6, nbest=3)
+    for h, row, score in zip(nbest, np.asarray(tokens[0]), np.asarray(scores[0])):
+      n = int((row != 0).sum())
+      assert h["text"] == vocab.decode(row[:n - 1].tolist()) and h["tokens"] == n
+      assert h["score"] == pytest.approx(float(score), abs=1e-5)
+      assert h["log_prob"] == pytest.approx(float(score) * ((5 + n) / 6) ** 0.6, abs=1e-4)
+
+
+def test_samples_do_not_depend_on_batching(trained):
+  cfg, workdir = trained
+  cfg, vocab, model, params, _ = load_model(workdir)
+  sentences = sources.load_split(cfg.data, cfg.data.eval_split).source[:10]
+  settings = SearchSettings(sampling=True, top_k=20, seed=3, max_extra_len=5)
+  runs = [translate(model, params, vocab, sentences, settings, tokens_per_batch=n,
+                    max_source_len=cfg.data.max_len).hypotheses for n in (40, 1000)]
+  assert runs[0] == runs[1]
+  other_seed = translate(model, params, vocab, sentences, dataclasses.replace(settings, seed=4),
+                         tokens_per_batch=40, max_source_len=cfg.data.max_len).hypotheses
+  assert other_seed != runs[0]

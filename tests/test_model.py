@@ -161,8 +161,10 @@ def test_kv_cache_decoding_equals_full_forward(rng, overrides):
   encoded = model.apply({"params": params}, src, method=Transformer.encode)
   variables, steps = {"params": params}, []
   for t in range(tgt_in.shape[1]):
+    mask = (jnp.arange(8) <= t)[None, None, None, :]  # one hypothesis per sentence
     logits, mutated = model.apply(variables, encoded, src, tgt_in[:, t:t + 1], decode=True,
-                                  decode_len=8, mutable=["cache"], method=Transformer.decode)
+                                  decode_len=8, step=t, self_mask=mask, mutable=["cache"],
+                                  method=Transformer.decode)
     variables = {"params": params, "cache": mutated["cache"]}
     steps.append(logits)
   np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)

@@ -210,16 +210,18 @@ def token_ids(vocab, text: str, what: str, max_len: int) -> list[int]:
 def visualize(workdir: str, source: str, target: str | None = None, step: int | None = None,
               output_dir: str | None = None) -> tuple[AttentionMaps, list[Path], int]:
   """Attention maps of `workdir`'s checkpoint for one sentence; returns them, the files and step."""
-  from transformer.evaluate import decode_settings, load_model, translate
+  from transformer import translator
+  from transformer.evaluate import load_model
   cfg, vocab, model, params, steps = load_model(workdir, step)
   if not source.strip():
     raise ConfigError("--source is empty; pass a sentence, e.g. --source=\"A man is riding a "
                       "bicycle.\"")
   source_ids = token_ids(vocab, source, "source", cfg.data.max_len)
   if target is None:
-    target = translate(model, params, vocab, [source], tokens_per_batch=cfg.decode.tokens_per_batch,
-                       max_source_len=cfg.data.max_len,
-                       **decode_settings(cfg, None, None, None))[0][0]
+    target = translator.translate(model, params, vocab, [source],
+                                  translator.SearchSettings.from_config(cfg),
+                                  tokens_per_batch=cfg.decode.tokens_per_batch,
+                                  max_source_len=cfg.data.max_len).hypotheses[0]
     log.info("Translation by the checkpoint at step %d: %s", steps[-1], target)
     if not target.strip():
       raise ConfigError(f"the checkpoint at step {steps[-1]} translates the source to an empty "

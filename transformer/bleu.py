@@ -1,7 +1,7 @@
 """BLEU two ways: sacreBLEU (the primary number) and the paper's tokenized, compound-split BLEU.
 
-1. sacreBLEU, cased, 13a, with its signature: computed on detokenized text with a fixed, versioned
-   tokenizer, so numbers compare across papers and toolkits.
+1. sacreBLEU, cased, 13a, with its signature (chrF, also sacreBLEU's, beside it): computed on
+   detokenized text with a fixed, versioned tokenizer, so numbers compare across papers and toolkits.
 2. The paper's (tensor2tensor's get_ende_bleu.sh): hypotheses and references tokenized with the Moses
    tokenizer (sacremoses, the Python port of tokenizer.perl, escaping as tokenizer.perl does), every
    hyphen between word characters split off as ` ##AT##-##AT## `, then cased corpus BLEU on those tokens
@@ -17,7 +17,7 @@ import functools
 import re
 from collections.abc import Sequence
 
-from sacrebleu.metrics import BLEU
+from sacrebleu.metrics import BLEU, CHRF
 from sacremoses import MosesTokenizer
 
 COMPOUND_HYPHEN = re.compile(r"(?<=\w)-(?=\w)")
@@ -33,6 +33,15 @@ def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str]) -> dic
           "precisions": result.precisions, "brevity_penalty": result.bp,
           "hyp_len": result.sys_len, "ref_len": result.ref_len, "lines": len(references),
           "case": "cased", "tokenizer": "13a"}
+
+
+def chrf_score(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
+  """Corpus chrF (sacreBLEU's defaults: character 6-grams, beta 2), with its signature."""
+  if len(hypotheses) != len(references):
+    raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+  metric = CHRF()
+  result = metric.corpus_score(list(hypotheses), [list(references)])
+  return {"chrf": result.score, "signature": str(metric.get_signature())}
 
 
 def compound_split(tokenized: str) -> str:

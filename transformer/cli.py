@@ -72,6 +72,40 @@ def define_progress_flag() -> None:
                     "terminal, plain periodic log lines otherwise; 'bar', 'lines' or 'off'.")
 
 
+def define_search_flags(sampling: bool = False) -> None:
+  """The decoding flags of the programs that translate (translator.SearchSettings); unset flags
+  take the run config's decode.* values."""
+  flags.DEFINE_integer("beam_size", None, "Beam size (default: config.decode.beam_size; 1 = greedy).")
+  flags.DEFINE_float("alpha", None, "Length-penalty alpha (default: config.decode.alpha).")
+  flags.DEFINE_integer("max_extra_len", None, "Output length limit = input length + this.")
+  flags.DEFINE_integer("nbest", None, "Also write the N best hypotheses of every sentence, with "
+                       "their scores, as JSON lines (N <= beam size).")
+  flags.DEFINE_list("ensemble", [], "More workdirs decoded together with --workdir (same "
+                    "vocabulary): their log-probabilities are averaged at every step.")
+  if sampling:
+    flags.DEFINE_bool("sample", False, "Sample translations instead of searching (e.g. for "
+                      "back-translation): one per sentence, reproducible from --seed.")
+    flags.DEFINE_float("temperature", None, "With --sample: divide log-probabilities by this.")
+    flags.DEFINE_integer("top_k", None, "With --sample: only from the K most probable tokens.")
+    flags.DEFINE_float("top_p", None, "With --sample: only from the most probable tokens whose "
+                       "probabilities sum to P (nucleus sampling).")
+    flags.DEFINE_integer("seed", None, "With --sample: the random seed (default 0).")
+
+
+def search_overrides() -> dict:
+  """The search flags that were given, as SearchSettings fields (None where not given)."""
+  f = flags.FLAGS
+  names = ["beam_size", "alpha", "max_extra_len", "nbest", "temperature", "top_k", "top_p", "seed"]
+  overrides = {name: f[name].value for name in names if name in f}
+  if "sample" in f:
+    overrides["sampling"] = f.sample
+    given = [f"--{n}" for n in ("temperature", "top_k", "top_p", "seed") if overrides[n] is not None]
+    if given and not f.sample:
+      from transformer.config import ConfigError
+      raise ConfigError(f"{', '.join(given)} only apply with --sample; add --sample or drop them")
+  return overrides
+
+
 def initialize_distributed() -> None:
   """Joins the job the distributed flags describe (call first in main, before any device use)."""
   from transformer import distributed

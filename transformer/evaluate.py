@@ -3,16 +3,17 @@
     transformer-eval --workdir=runs/m30k                       # latest checkpoint, config's eval split
     transformer-eval --workdir=runs/m30k --step=4000 --beam_size=1
     transformer-eval --workdir=runs/m30k --source_file=test.en --reference_file=test.de
+    transformer-eval --workdir=runs/m30k --nbest=4             # also the 4 best of every sentence
+    transformer-eval --workdir=runs/seed0 --ensemble=runs/seed1,runs/seed2
 
 It runs as its own process, beside or after training, and rebuilds everything from the workdir
-(config.json, vocab.model, checkpoints/). Results go to WORKDIR/eval/: the detokenized hypotheses and
-a JSON report (BLEU, signature, checkpoint step, decode settings, speed), and a 'bleu' record in
-metrics.jsonl. Decoding is batched by source length and compiled once per length bucket.
+(config.json, vocab.model, checkpoints/). Results go to WORKDIR/eval/: the detokenized hypotheses
+(and n-best lists), a JSON report (BLEU, chrF, signatures, checkpoint step, decode settings, speed),
+and a 'bleu' record in metrics.jsonl. Decoding is translator.py's.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import sys
@@ -21,25 +22,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import jax
 import ml_collections
-import numpy as np
 import sentencepiece as spm
 from absl import app, flags
 
-from transformer import bleu, checkpoints, decode, partitioning, progress
-from transformer.cli import define_progress_flag, run_program
+from transformer import bleu, checkpoints, partitioning, progress, translator
+from transformer.cli import define_progress_flag, define_search_flags, run_program, search_overrides
 from transformer.config import ConfigError
 from transformer.data import sources
 from transformer.data import vocab as vocab_lib
-from transformer.data.batching import pad_rows
 from transformer.metrics import MetricWriter, format_duration
-from transformer.model import EOS_ID, ModelConfig, Transformer
+from transformer.model import ModelConfig, Transformer
 from transformer.train import abstract_train_state
 
 log = logging.getLogger("transformer")
 FLAGS = flags.FLAGS
-DECODE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)  # coarse: decoding time barely depends on padding
 
 
 def load_model(workdir: str | Path, step: int | None = None, average_last: int = 1
@@ -61,81 +58,23 @@ def load_model(workdir: str | Path, step: int | None = None, average_last: int =
   return cfg, vocab, model, checkpoints.average_params(mngr, abstract, steps), steps
 
 
-def translate(model: Transformer, params: Any, vocab: spm.SentencePieceProcessor,
-              sentences: Sequence[str], beam_size: int, alpha: float, max_extra_len: int,
-              tokens_per_batch: int, max_source_len: int, compiled_cache: dict | None = None
-              ) -> tuple[list[str], dict[str, float]]:
-  """Translates `sentences` (order kept) and returns them with timing figures.
-
-  Sources longer than `max_source_len` tokens are truncated (and counted). Empty sources give empty
-  translations. beam_size 1 uses greedy search. Pass the same `compiled_cache` dict to later calls
-  (other checkpoints of the same model) to reuse the compiled search functions.
-  """
-  compiled_cache = {} if compiled_cache is None else compiled_cache
-  mesh = partitioning.data_mesh()
-  encoded = [vocab.encode(s) if s.strip() else [] for s in sentences]
-  truncated = sum(len(e) > max_source_len - 1 for e in encoded)
-  ids = [e[:max_source_len - 1] + [EOS_ID] if e else [] for e in encoded]
-  order = sorted((i for i in range(len(ids)) if ids[i]), key=lambda i: len(ids[i]))
-  max_output = model.config.max_len if model.config.positional == "learned" else None
-
-  def bucket(length):  # never longer than max_source_len, the limit of learned position tables
-    return min(next((b for b in DECODE_BUCKETS if b >= length), length), max_source_len)
-
-  groups: dict[int, list[int]] = {}
-  for i in order:
-    groups.setdefault(bucket(len(ids[i])), []).append(i)
-
-  if beam_size == 1:
-    search = lambda p, src, lim, decode_len: decode.greedy_search(
-        model, p, src, lim, decode_len)
-  else:
-    search = lambda p, src, lim, decode_len: decode.beam_search(
-        model, p, src, lim, decode_len, beam_size, alpha)[0]
-  outputs: list[list[int]] = [[] for _ in sentences]
-  compile_time, decode_time = 0.0, 0.0
-  with progress.Progress("translating", len(order), "sentences", line_seconds=10.0) as bar:
-    for length, members in groups.items():
-      decode_len = length + max_extra_len if max_output is None else min(length + max_extra_len,
-                                                                         max_output)
-      rows = max(mesh.size, tokens_per_batch // length // mesh.size * mesh.size)
-      fn = jax.jit(functools.partial(search, decode_len=decode_len))
-      key = (length, rows, decode_len, beam_size, alpha)
-      compiled = compiled_cache.get(key)
-      for start in range(0, len(members), rows):
-        chunk = members[start:start + rows]
-        src = pad_rows([np.array(ids[i], np.int32) for i in chunk], length, rows)
-        src_len = (src != 0).sum(1)
-        limits = np.where(src_len > 0, np.minimum(src_len + max_extra_len, decode_len), 1)
-        batch = partitioning.shard_batch({"src": src, "limits": limits.astype(np.int32)}, mesh)
-        if compiled is None:
-          t = time.time()
-          compiled = compiled_cache[key] = fn.lower(params, batch["src"], batch["limits"]).compile()
-          compile_time += time.time() - t
-        t = time.time()
-        tokens = np.asarray(jax.device_get(compiled(params, batch["src"], batch["limits"])))
-        decode_time += time.time() - t
-        for row, i in enumerate(chunk):
-          out = tokens[row].tolist()
-          outputs[i] = out[:out.index(EOS_ID)] if EOS_ID in out else out
-        bar.update(len(chunk), tokens=sum(len(outputs[i]) for i in chunk))
-  hypotheses = [vocab.decode(o) for o in outputs]
-  stats = {"sentences": len(sentences), "truncated_sources": truncated,
-           "compile_sec": compile_time, "decode_sec": decode_time,
-           "sentences_per_sec": len(sentences) / decode_time if decode_time else float("nan")}
-  return hypotheses, stats
-
-
-def decode_settings(cfg: ml_collections.ConfigDict, beam_size: int | None, alpha: float | None,
-                    max_extra_len: int | None) -> dict[str, Any]:
-  """The config's decode settings with the given overrides, checked."""
-  settings = {"beam_size": cfg.decode.beam_size if beam_size is None else beam_size,
-              "alpha": cfg.decode.alpha if alpha is None else alpha,
-              "max_extra_len": cfg.decode.max_extra_len if max_extra_len is None else max_extra_len}
-  if settings["beam_size"] < 1 or settings["alpha"] < 0 or settings["max_extra_len"] < 0:
-    raise ConfigError(f"decode settings must be beam_size >= 1, alpha >= 0, max_extra_len >= 0; "
-                      f"got {settings}")
-  return settings
+def load_ensemble(workdir: str, ensemble: Sequence[str] = (), step: int | None = None,
+                  average_last: int = 1) -> tuple[ml_collections.ConfigDict,
+                                                  spm.SentencePieceProcessor, tuple, tuple, list[int]]:
+  """load_model for `workdir` and every workdir of `ensemble` (same step and averaging for each):
+  (config and vocabulary of `workdir`, models, parameters, steps of `workdir`). Members must share
+  the vocabulary, or their log-probabilities could not be averaged."""
+  cfg, vocab, model, params, steps = load_model(workdir, step, average_last)
+  models, all_params = [model], [params]
+  for member in ensemble:
+    _, member_vocab, member_model, member_params, _ = load_model(member, step, average_last)
+    if member_vocab.serialized_model_proto() != vocab.serialized_model_proto():
+      raise ConfigError(f"--ensemble: {member} has a different vocabulary from {workdir} "
+                        f"({member_vocab.get_piece_size()} vs {vocab.get_piece_size()} pieces, or "
+                        "other pieces); an ensemble needs runs trained with one shared vocab.model")
+    models.append(member_model)
+    all_params.append(member_params)
+  return cfg, vocab, tuple(models), tuple(all_params), steps
 
 
 def test_set_name(split: str | None, source_file: str | None) -> str:
@@ -143,22 +82,33 @@ def test_set_name(split: str | None, source_file: str | None) -> str:
   return Path(source_file).stem if source_file else split
 
 
-def report_path(workdir: str | Path, test_set: str, step: int, averaged: int = 1) -> Path:
-  """WORKDIR/eval/<test set>_step<N>[_avg<K>].json; the hypotheses sit beside it as .hyp.txt."""
-  stem = f"{test_set}_step{step}" + (f"_avg{averaged}" if averaged > 1 else "")
+def report_path(workdir: str | Path, test_set: str, step: int, averaged: int = 1,
+                ensemble: int = 1) -> Path:
+  """WORKDIR/eval/<test set>_step<N>[_avg<K>][_ens<M>].json; the hypotheses sit beside it as
+  .hyp.txt (and the n-best lists as .nbest.jsonl)."""
+  stem = (f"{test_set}_step{step}" + (f"_avg{averaged}" if averaged > 1 else "")
+          + (f"_ens{ensemble}" if ensemble > 1 else ""))
   return Path(workdir) / "eval" / f"{stem}.json"
+
+
+def nbest_lines(sources: Sequence[str], translations: translator.Translations) -> str:
+  """One JSON line per sentence: its index, source and hypotheses (best first) with scores."""
+  return "".join(json.dumps({"index": i, "source": source, "hypotheses": hypotheses},
+                            ensure_ascii=False) + "\n"
+                 for i, (source, hypotheses) in enumerate(zip(sources, translations.nbest)))
 
 
 def evaluate(workdir: str, step: int | None = None, split: str | None = None,
              source_file: str | None = None, reference_file: str | None = None,
-             beam_size: int | None = None, alpha: float | None = None,
-             max_extra_len: int | None = None, average_last: int = 1,
-             compiled_cache: dict | None = None) -> dict[str, Any]:
-  """Translates an evaluation set with a checkpoint of `workdir`, scores it, writes the report."""
+             average_last: int = 1, ensemble: Sequence[str] = (),
+             compiled_cache: dict | None = None, **search: Any) -> dict[str, Any]:
+  """Translates an evaluation set with a checkpoint of `workdir` (or an ensemble with the
+  `ensemble` workdirs), scores it, writes the report. `search`: SearchSettings fields to override
+  the config's decode settings (beam_size=1, nbest=4, ...; None = the config's)."""
   cfg = checkpoints.load_run_config(workdir)
   if (source_file is None) != (reference_file is None):
     raise ConfigError("pass both --source_file and --reference_file, or neither")
-  settings = decode_settings(cfg, beam_size, alpha, max_extra_len)
+  settings = translator.SearchSettings.from_config(cfg, **search)
   if source_file:
     text = sources.read_parallel(source_file, reference_file)
     name = test_set_name(split, source_file)
@@ -166,36 +116,45 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
     split = split or cfg.data.eval_split
     text = sources.load_split(cfg.data, split)
     name = split
-  cfg, vocab, model, params, steps = load_model(workdir, step, average_last)
+  cfg, vocab, models, params, steps = load_ensemble(workdir, ensemble, step, average_last)
   step = steps[-1]
-  log.info("Translating %d sentences of %s with %s (beam %d, alpha %.2f)", len(text), text.name,
+  log.info("Translating %d sentences of %s with %s%s (%s)", len(text), text.name,
            f"the checkpoint at step {step}" if len(steps) == 1 else
            f"the average of the checkpoints at steps {', '.join(map(str, steps))}",
-           settings["beam_size"], settings["alpha"])
+           f" and {len(ensemble)} more run(s) as an ensemble" if ensemble else "",
+           ", ".join(f"{k} {v}" for k, v in settings.describe().items()))
   t = time.time()
-  hypotheses, stats = translate(model, params, vocab, text.source,
+  result = translator.translate(models, params, vocab, text.source, settings,
                                 tokens_per_batch=cfg.decode.tokens_per_batch,
-                                max_source_len=cfg.data.max_len, compiled_cache=compiled_cache,
-                                **settings)
+                                max_source_len=cfg.data.max_len, compiled_cache=compiled_cache)
+  hypotheses, stats = result.hypotheses, result.stats
   if stats["truncated_sources"]:
     log.warning("%d source sentences were longer than %d tokens and were truncated",
                 stats["truncated_sources"], cfg.data.max_len)
   score = bleu.sacrebleu_score(hypotheses, text.target)
+  chrf = bleu.chrf_score(hypotheses, text.target)
   paper_score = bleu.tokenized_bleu(hypotheses, text.target, cfg.data.tgt_lang)
   report = {"workdir": str(workdir), "checkpoint_step": step, "averaged_steps": steps,
+            "ensemble": [str(workdir), *map(str, ensemble)] if ensemble else None,
             "test_set": name,
             "source": text.name, "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}",
-            "sacrebleu": score, "tokenized_bleu": paper_score, "decode": settings, **stats,
-            "total_sec": time.time() - t}
-  json_path = report_path(workdir, name, step, len(steps))
+            "sacrebleu": score, "chrf": chrf, "tokenized_bleu": paper_score,
+            "decode": settings.describe(), **stats, "total_sec": time.time() - t}
+  json_path = report_path(workdir, name, step, len(steps), 1 + len(ensemble))
   hyp_path = json_path.with_suffix(".hyp.txt")
   json_path.parent.mkdir(exist_ok=True)
   hyp_path.write_text("".join(h + "\n" for h in hypotheses))
+  files = [str(hyp_path), str(json_path)]
+  if settings.nbest > 1:
+    nbest_path = json_path.with_suffix(".nbest.jsonl")
+    nbest_path.write_text(nbest_lines(text.source, result))
+    files.append(str(nbest_path))
   json_path.write_text(json.dumps(report, indent=2) + "\n")
   with MetricWriter(workdir, tensorboard_dir="eval") as writer:
-    writer.write("bleu", step, test_set=name, averaged=len(steps), bleu=score["bleu"],
-                 tokenized_bleu=paper_score["bleu"], signature=score["signature"], **settings)
-  report["files"] = [str(hyp_path), str(json_path)]
+    writer.write("bleu", step, test_set=name, averaged=len(steps), ensemble=1 + len(ensemble),
+                 bleu=score["bleu"], chrf=chrf["chrf"], tokenized_bleu=paper_score["bleu"],
+                 signature=score["signature"], **settings.describe())
+  report["files"] = files
   return report
 
 
@@ -209,24 +168,28 @@ def main(argv: list[str]) -> None:
     if FLAGS.watch:
       from transformer.watch import watch
       watch(FLAGS.workdir, poll_seconds=FLAGS.poll_seconds, idle_minutes=FLAGS.idle_minutes,
-            beam_size=FLAGS.beam_size, alpha=FLAGS.alpha, max_extra_len=FLAGS.max_extra_len)
+            **search_overrides())
       return
     report = evaluate(FLAGS.workdir, FLAGS.step, FLAGS.split, FLAGS.source_file,
-                      FLAGS.reference_file, FLAGS.beam_size, FLAGS.alpha, FLAGS.max_extra_len,
-                      FLAGS.average_last)
+                      FLAGS.reference_file, FLAGS.average_last, FLAGS.ensemble,
+                      **search_overrides())
   except (ConfigError, sources.DataError, checkpoints.CheckpointError) as e:
     sys.exit(f"transformer-eval: error: {e}")
   score = report["sacrebleu"]
   averaged = len(report["averaged_steps"])
+  members = len(report["ensemble"] or [])
   print(f"{report['test_set']} ({report['direction']}, {score['lines']} lines), step "
-        f"{report['checkpoint_step']}{f' (average of {averaged})' if averaged > 1 else ''}: "
+        f"{report['checkpoint_step']}{f' (average of {averaged})' if averaged > 1 else ''}"
+        f"{f', ensemble of {members} runs' if members else ''}: "
         f"sacreBLEU {score['bleu']:.2f}  {score['signature']}")
+  print(f"  chrF {report['chrf']['chrf']:.2f}  {report['chrf']['signature']}")
   paper = report["tokenized_bleu"]
   print(f"  tokenized BLEU (the paper's: {paper['tokenizer']}, cased, multi-bleu) "
         f"{paper['bleu']:.2f}")
   print(f"decoded {report['sentences']} sentences in {format_duration(report['decode_sec'])} "
-        f"({report['sentences_per_sec']:.1f} sentences/s, +{report['compile_sec']:.1f}s compile); "
-        f"report: {report['files'][1]}")
+        f"({report['sentences_per_sec']:.1f} sentences/s, {report['target_tokens_per_sec']:.0f} "
+        f"target tokens/s; +{report['compile_sec']:.1f}s compile, "
+        f"{format_duration(report['total_sec'])} in all); report: {report['files'][1]}")
 
 
 def run() -> None:
@@ -236,9 +199,7 @@ def run() -> None:
   flags.DEFINE_string("split", None, "Split of the config's dataset (default: config.data.eval_split).")
   flags.DEFINE_string("source_file", None, "Evaluate on this source text file instead of a split.")
   flags.DEFINE_string("reference_file", None, "Reference translations of --source_file.")
-  flags.DEFINE_integer("beam_size", None, "Beam size (default: config.decode.beam_size; 1 = greedy).")
-  flags.DEFINE_float("alpha", None, "Length-penalty alpha (default: config.decode.alpha).")
-  flags.DEFINE_integer("max_extra_len", None, "Output length limit = input length + this.")
+  define_search_flags()
   flags.DEFINE_bool("watch", False, "Run beside training: evaluate every new checkpoint on the "
                     "validation split, track the best, stop when training has finished.")
   flags.DEFINE_float("poll_seconds", 60, "With --watch: how often to look for new checkpoints.")

@@ -9,8 +9,11 @@ by the source embedding, the target embedding and the pre-softmax projection, em
 sqrt(D), dropout on embeddings and on every sub-layer's output, ReLU feed-forward. Masks are applied
 with `where`; attention logits, softmax, output logits (and the loss, in train.py) are float32 whatever
 the activation dtype. For decoding, the decoder keeps an autoregressive key/value cache in the 'cache'
-collection: self-attention appends one position per step, encoder-decoder attention projects the
-encoder output once.
+collection: one call advances G hypotheses of every sentence by one position (the hypotheses stand
+where a training batch has its target positions); self-attention writes their keys and values at that
+position and attends through a mask the search gives (which hypothesis wrote each earlier position),
+so the search never moves the cache; encoder-decoder attention projects the encoder output once and
+serves all G hypotheses of a sentence from one copy.
 
 Every parameter carries logical axis names ('vocab', 'embed', 'heads', 'kv', 'mlp', ...) and activations
 are constrained to logical layouts ('batch', 'length', 'act_embed', ...); partitioning.py maps both to
@@ -138,38 +141,55 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, ma
   return jnp.einsum("bhts,bshv->bthv", weights.astype(value.dtype), value)
 
 
-def attention_kernel(config: ModelConfig, with_dropout: bool, decoding: bool = False) -> str:
-  """Which implementation computes attention: 'reference' (ours), 'xla' or 'cudnn' (both through
-  `jax.nn.dot_product_attention`, whose logits and softmax are float32 too).
+def cached_attention(query: jax.Array, key_t: jax.Array, value: jax.Array, mask: jax.Array
+                     ) -> jax.Array:
+  """Decoding-time attention of G query hypotheses per sentence over a cache laid out for it.
+
+  [B,G,H,K] x [B,H,K,N] x [B,H,N,V] -> [B,G,H,V]; `mask` broadcasts to [B,H,G,N]. Keys are stored
+  transposed and values heads-first, so both products are plain batched matmuls over (B, H) that
+  read the cache once and copy nothing (keys in [B,H,N,K] made the first product 4x slower on CPU).
+  """
+  query = jnp.swapaxes(query, 1, 2)  # [B, H, G, K]
+  logits = jnp.einsum("bhgk,bhkn->bhgn", query, key_t, preferred_element_type=jnp.float32)
+  logits = jnp.where(mask, logits / math.sqrt(query.shape[-1]), jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
+  return jnp.swapaxes(jnp.einsum("bhgn,bhnv->bhgv", weights, value), 1, 2)
+
+
+def attention_kernel(config: ModelConfig, with_dropout: bool) -> str:
+  """Which implementation computes attention over full sequences: 'reference' (ours), 'xla' or
+  'cudnn' (both through `jax.nn.dot_product_attention`, whose logits and softmax are float32 too).
 
   'auto' picks cuDNN's fused flash attention on a GPU for bf16/fp16 heads of equal width (a multiple
-  of 8, at most 128) over full sequences, XLA's path elsewhere (and for one-query decoding steps),
-  and the reference wherever the fused kernels cannot follow the config (attention dropout in
-  training, d_k != d_v).
+  of 8, at most 128), XLA's path elsewhere, and the reference wherever the fused kernels cannot follow
+  the config (attention dropout in training, d_k != d_v). Decoding steps use `cached_attention`.
   """
   if config.attention == "reference" or with_dropout or config.key_dim != config.value_dim:
     return "reference"
   if config.attention != "auto":
     return config.attention
   cudnn_ok = (jax.default_backend() == "gpu" and config.dtype in (jnp.bfloat16, jnp.float16)
-              and config.key_dim % 8 == 0 and config.key_dim <= 128 and not decoding)
+              and config.key_dim % 8 == 0 and config.key_dim <= 128)
   return "cudnn" if cudnn_ok else "xla"
 
 
 class MultiHeadAttention(nn.Module):
   """Multi-head attention: H heads of d_k-wide queries and keys and d_v-wide values (D / H by default).
 
-  `cache` selects decoding behaviour: None (full sequences), 'self' (one new query position per call;
-  keys and values are appended to a cache of length `decode_len`), 'cross' (keys and values of the
-  encoder output are projected on the first call and reused). Applied with the 'intermediates'
-  collection mutable, it also records its attention weights [B,H,T,S] there ('attention_weights',
-  read by attention.py's maps); otherwise that costs nothing.
+  `cache` selects decoding behaviour: None (full sequences), 'self' (inputs are [B, G, D]: one new
+  position `step` (one for all, or [B]) for each of G hypotheses per sentence; their keys and values
+  are written into a cache of `decode_len` positions x G slots, and `mask` [B, 1, G, decode_len * G]
+  says which slots each hypothesis reads), 'cross' (keys and values of the encoder output are
+  projected on the first call and reused). Applied with the 'intermediates' collection mutable, it also records its
+  attention weights [B,H,T,S] there ('attention_weights', read by attention.py's maps); otherwise
+  that costs nothing.
   """
   config: ModelConfig
 
   @nn.compact
   def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array, mask: jax.Array | None, *,
-               deterministic: bool, cache: str | None = None, decode_len: int = 0) -> jax.Array:
+               deterministic: bool, cache: str | None = None, decode_len: int = 0,
+               step: jax.Array | None = None) -> jax.Array:
     cfg = self.config
     heads = cfg.num_heads
     project = lambda name, depth: nn.DenseGeneral(
@@ -177,39 +197,41 @@ class MultiHeadAttention(nn.Module):
         kernel_init=_init(_dense_init, "embed", "heads", "kv"), bias_init=_init(_zeros, "heads", "kv"))
     query = project("query", cfg.key_dim)(inputs_q)
     key_proj, value_proj = project("key", cfg.key_dim), project("value", cfg.value_dim)
-
+    keys_last = lambda x: jnp.transpose(x, (0, 2, 3, 1))  # [B, T, H, K] -> [B, H, K, T]
+    heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B, T, H, V] -> [B, H, T, V]
     if cache == "cross":
-      key = self.variable("cache", "cached_key", key_proj, inputs_kv).value
-      value = self.variable("cache", "cached_value", value_proj, inputs_kv).value
-    elif cache == "self":
-      new_key, new_value = key_proj(inputs_kv), value_proj(inputs_kv)  # [B, 1, H, K], [B, 1, H, V]
-      batch = new_key.shape[0]
-      cached_key = self.variable("cache", "cached_key", jnp.zeros,
-                                 (batch, decode_len, heads, cfg.key_dim), new_key.dtype)
-      cached_value = self.variable("cache", "cached_value", jnp.zeros,
-                                   (batch, decode_len, heads, cfg.value_dim), new_value.dtype)
-      index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
-      i = index.value
-      cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, new_key, (0, i, 0, 0))
-      cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, new_value, (0, i, 0, 0))
-      index.value = i + 1
-      key, value = cached_key.value, cached_value.value
-      mask = (jnp.arange(cached_key.value.shape[1]) <= i)[None, None, None, :]
+      key = self.variable("cache", "cached_key", lambda: keys_last(key_proj(inputs_kv))).value
+      value = self.variable("cache", "cached_value", lambda: heads_first(value_proj(inputs_kv))).value
+      out = cached_attention(query, key, value, mask)
+    elif cache == "self":  # cache slot (position, hypothesis) = position * G + hypothesis
+      batch, group = inputs_kv.shape[:2]
+      new_key, new_value = keys_last(key_proj(inputs_kv)), heads_first(value_proj(inputs_kv))
+      key_var = self.variable("cache", "cached_key", jnp.zeros,
+                              (batch, heads, cfg.key_dim, decode_len * group), new_key.dtype)
+      value_var = self.variable("cache", "cached_value", jnp.zeros,
+                                (batch, heads, decode_len * group, cfg.value_dim), new_value.dtype)
+      steps = jnp.broadcast_to(step, (batch,))
+      write = lambda axis: jax.vmap(lambda cached, new, at: jax.lax.dynamic_update_slice_in_dim(
+          cached, new, at * group, axis=axis))  # each sentence at its own position
+      key_var.value = write(2)(key_var.value, new_key, steps)
+      value_var.value = write(1)(value_var.value, new_value, steps)
+      out = cached_attention(query, key_var.value, value_var.value, mask)
     else:
       key, value = key_proj(inputs_kv), value_proj(inputs_kv)
-    query, key, value = (constrain(x, "batch", "length", "act_heads", "kv") for x in (query, key, value))
-
-    if self.is_mutable_collection("intermediates"):
-      self.sow("intermediates", "attention_weights", attention_weights(query, key, mask))
-    with_dropout = not deterministic and cfg.attention_dropout > 0.0
-    kernel = attention_kernel(cfg, with_dropout, decoding=cache is not None)
-    if kernel == "reference":
-      attention_dropout = lambda w: nn.Dropout(cfg.attention_dropout)(w, deterministic=not with_dropout)
-      out = dot_product_attention(query, key, value, mask, attention_dropout)
-    else:
-      if mask is not None:  # cuDNN wants the query axis spelled out; XLA broadcasts either way
-        mask = jnp.broadcast_to(mask, (*mask.shape[:2], query.shape[1], key.shape[1]))
-      out = jax.nn.dot_product_attention(query, key, value, mask=mask, implementation=kernel)
+      query, key, value = (constrain(x, "batch", "length", "act_heads", "kv")
+                           for x in (query, key, value))
+      if self.is_mutable_collection("intermediates"):
+        self.sow("intermediates", "attention_weights", attention_weights(query, key, mask))
+      with_dropout = not deterministic and cfg.attention_dropout > 0.0
+      kernel = attention_kernel(cfg, with_dropout)
+      if kernel == "reference":
+        attention_dropout = lambda w: nn.Dropout(cfg.attention_dropout)(
+            w, deterministic=not with_dropout)
+        out = dot_product_attention(query, key, value, mask, attention_dropout)
+      else:
+        if mask is not None:  # cuDNN wants the query axis spelled out; XLA broadcasts either way
+          mask = jnp.broadcast_to(mask, (*mask.shape[:2], query.shape[1], key.shape[1]))
+        out = jax.nn.dot_product_attention(query, key, value, mask=mask, implementation=kernel)
     return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), dtype=cfg.dtype, name="out",
                            kernel_init=_init(_dense_init, "heads", "kv", "embed"),
                            bias_init=_init(_zeros, "embed"))(out)
@@ -269,13 +291,13 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, encoded: jax.Array, self_mask: jax.Array | None,
-               cross_mask: jax.Array) -> jax.Array:
+               cross_mask: jax.Array, step: jax.Array | None = None) -> jax.Array:
     cfg, deterministic = self.config, self.deterministic
     self_attend = MultiHeadAttention(cfg, name="self_attention")
     cross_attend = MultiHeadAttention(cfg, name="cross_attention")
     x = residual(cfg, x, lambda y: self_attend(y, y, self_mask, deterministic=deterministic,
                                                cache="self" if self.decode else None,
-                                               decode_len=self.decode_len),
+                                               decode_len=self.decode_len, step=step),
                  _layer_norm(cfg, "self_attention_norm"), deterministic)
     x = residual(cfg, x, lambda y: cross_attend(y, encoded, cross_mask, deterministic=deterministic,
                                                 cache="cross" if self.decode else None),
@@ -346,15 +368,13 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(self, encoded: jax.Array, src: jax.Array, tgt_in: jax.Array, deterministic: bool,
-               decode: bool = False, decode_len: int = 0, src_segments: jax.Array | None = None,
+               decode: bool = False, decode_len: int = 0, step: jax.Array | None = None,
+               self_mask: jax.Array | None = None, src_segments: jax.Array | None = None,
                tgt_segments: jax.Array | None = None, tgt_positions: jax.Array | None = None
                ) -> jax.Array:
     cfg = self.config
-    if decode:  # one position per call; the cache remembers where we are.
-      position = self.variable("cache", "position", lambda: jnp.zeros((), jnp.int32))
-      positions = jnp.broadcast_to(position.value, tgt_in.shape)
-      position.value = position.value + 1
-      self_mask = None  # the self-attention cache masks positions not yet written.
+    if decode:  # tgt_in [B, G]: G hypotheses per sentence at position `step` (scalar or [B]).
+      positions = jnp.broadcast_to(step, tgt_in.shape[:1])[:, None]
       cross_mask = source_mask(src)
     elif tgt_segments is None:
       positions = default_positions(tgt_in, None)
@@ -368,7 +388,7 @@ class Decoder(nn.Module):
     x = Positions(cfg, name="positions")(x, positions)
     x = constrain(nn.Dropout(cfg.dropout)(x, deterministic=deterministic), "batch", "length",
                   "act_embed")
-    x = stack_layers(cfg, DecoderLayer, x, encoded, self_mask, cross_mask,
+    x = stack_layers(cfg, DecoderLayer, x, encoded, self_mask, cross_mask, step,
                      deterministic=deterministic, decode=decode, decode_len=decode_len)
     if cfg.norm == "pre":
       x = _layer_norm(cfg, "final_norm")(x)
@@ -428,8 +448,13 @@ class Transformer(nn.Module):
     return self.encoder(src, deterministic, src_segments, src_positions)
 
   def decode(self, encoded: jax.Array, src: jax.Array, tgt_in: jax.Array, deterministic: bool = True,
-             decode: bool = False, decode_len: int = 0, **packing: jax.Array | None) -> jax.Array:
-    return self.decoder(encoded, src, tgt_in, deterministic, decode, decode_len, **packing)
+             decode: bool = False, decode_len: int = 0, step: jax.Array | None = None,
+             self_mask: jax.Array | None = None, **packing: jax.Array | None) -> jax.Array:
+    """Teacher-forced decoder logits, or with `decode` one step of G hypotheses per sentence:
+    tgt_in [B, G] at position `step` (scalar or [B]) of a cache of `decode_len` positions, `self_mask`
+    [B, 1, G, decode_len * G] (decode.history_mask) -> logits [B, G, V]."""
+    return self.decoder(encoded, src, tgt_in, deterministic, decode, decode_len, step, self_mask,
+                        **packing)
 
   def __call__(self, src: jax.Array, tgt_in: jax.Array, deterministic: bool = True, *,
                src_segments: jax.Array | None = None, src_positions: jax.Array | None = None,

@@ -1,17 +1,25 @@
-"""Translate text with a trained (or averaged) workdir: stdin -> stdout, or files.
+"""Translate (or score) text with a trained (or averaged) workdir: stdin -> stdout, or files.
 
     echo "A man is riding a bicycle." | transformer-translate --workdir=runs/m30k
     transformer-translate --workdir=runs/m30k --input_file=in.en --output_file=out.de --beam_size=1
+    transformer-translate --workdir=runs/m30k --input_file=in.en --output_file=out.de --nbest=4
+    transformer-translate --workdir=runs/m30k --input_file=mono.en --sample --top_p=0.9 --seed=1
+    transformer-translate --workdir=runs/m30k --input_file=in.en --score=out.de   # JSON lines
+    transformer-translate --workdir=runs/seed0 --ensemble=runs/seed1,runs/seed2 < in.en
 
 One output line per input line, in the input's order; sentences are batched by length for speed
-(evaluate.translate, compiled once per length bucket). Empty input lines give empty output lines;
+(translator.py, compiled once per length bucket). Empty input lines give empty output lines;
 lines longer than the model's source limit (config.data.max_len tokens) are truncated, with a warning.
-Beam size, alpha (GNMT length penalty) and greedy search (--beam_size=1) are selectable; the config's
-decode settings are the defaults. Logs go to stderr, translations to stdout.
+Beam size, alpha (GNMT length penalty), greedy search (--beam_size=1), n-best lists (--nbest: JSON
+lines, to stdout or beside --output_file as .nbest.jsonl), sampling (--sample with --temperature,
+--top_k, --top_p, --seed) and ensembles (--ensemble) are selectable; the config's decode settings are
+the defaults. --score gives forced-decoding log-probabilities instead. Logs go to stderr, results to
+stdout.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -19,11 +27,11 @@ from pathlib import Path
 
 from absl import app, flags
 
-from transformer import checkpoints, progress
-from transformer.cli import define_progress_flag, run_program
+from transformer import checkpoints, progress, translator
+from transformer.cli import define_progress_flag, define_search_flags, run_program, search_overrides
 from transformer.config import ConfigError
 from transformer.data import sources
-from transformer.evaluate import decode_settings, load_model, translate
+from transformer.evaluate import load_ensemble, nbest_lines
 
 log = logging.getLogger("transformer")
 FLAGS = flags.FLAGS
@@ -69,19 +77,37 @@ def main(argv: list[str]) -> None:
     progress.configure(FLAGS.progress)
     sentences = read_input(FLAGS.input_file)
     cfg = checkpoints.load_run_config(FLAGS.workdir)
-    settings = decode_settings(cfg, FLAGS.beam_size, FLAGS.alpha, FLAGS.max_extra_len)
-    cfg, vocab, model, params, steps = load_model(FLAGS.workdir, FLAGS.step, FLAGS.average_last)
-    hypotheses, stats = translate(model, params, vocab, sentences,
+    targets = sources.read_lines(FLAGS.score) if FLAGS.score else None
+    settings = translator.SearchSettings.from_config(cfg, **search_overrides())
+    cfg, vocab, models, params, steps = load_ensemble(FLAGS.workdir, FLAGS.ensemble, FLAGS.step,
+                                                      FLAGS.average_last)
+    if targets is not None:
+      scores = translator.score(models, params, vocab, sentences, targets,
+                                tokens_per_batch=cfg.decode.tokens_per_batch,
+                                max_len=cfg.data.max_len)
+      write_output([json.dumps(s, ensure_ascii=False) for s in scores], FLAGS.output_file)
+      tokens = sum(s["tokens"] for s in scores)
+      log.info("Scored %d pairs with step %d: mean NLL %.4f per target token (%d tokens)",
+               len(scores), steps[-1], -sum(s["log_prob"] for s in scores) / tokens, tokens)
+      return
+    result = translator.translate(models, params, vocab, sentences, settings,
                                   tokens_per_batch=cfg.decode.tokens_per_batch,
-                                  max_source_len=cfg.data.max_len, **settings)
+                                  max_source_len=cfg.data.max_len)
+    stats = result.stats
     if stats["truncated_sources"]:
       log.warning("%d input lines were longer than %d tokens and were truncated to that length",
                   stats["truncated_sources"], cfg.data.max_len)
-    write_output(hypotheses, FLAGS.output_file)
+    if settings.nbest > 1 and not FLAGS.output_file:  # the lists are the output
+      sys.stdout.write(nbest_lines(sentences, result))
+    else:
+      write_output(result.hypotheses, FLAGS.output_file)
+      if settings.nbest > 1:
+        write_output(nbest_lines(sentences, result).splitlines(), FLAGS.output_file + ".nbest.jsonl")
   except (ConfigError, sources.DataError, checkpoints.CheckpointError) as e:
     sys.exit(f"transformer-translate: error: {e}")
-  log.info("Translated %d lines with step %d%s (%.1f sentences/s, +%.1fs compile)", len(sentences),
-           steps[-1], f" (average of {len(steps)})" if len(steps) > 1 else "",
+  log.info("Translated %d lines with step %d%s%s (%.1f sentences/s, +%.1fs compile)",
+           len(sentences), steps[-1], f" (average of {len(steps)})" if len(steps) > 1 else "",
+           f", an ensemble of {len(models)} runs" if len(models) > 1 else "",
            stats["sentences_per_sec"], stats["compile_sec"])
 
 
@@ -92,9 +118,10 @@ def run() -> None:
   flags.DEFINE_integer("average_last", 1, "Average the last N checkpoints' parameters.")
   flags.DEFINE_string("input_file", None, "Sentences to translate, one per line (default: stdin).")
   flags.DEFINE_string("output_file", None, "Where to write translations (default: stdout).")
-  flags.DEFINE_integer("beam_size", None, "Beam size (default: config.decode.beam_size; 1 = greedy).")
-  flags.DEFINE_float("alpha", None, "Length-penalty alpha (default: config.decode.alpha).")
-  flags.DEFINE_integer("max_extra_len", None, "Output length limit = input length + this.")
+  flags.DEFINE_string("score", None, "Instead of translating, score the target sentences in this "
+                      "file (one per input line): writes one JSON line per pair with the "
+                      "log-probability of the sentence and of each token (forced decoding).")
+  define_search_flags(sampling=True)
   define_progress_flag()
   run_program("transformer-translate", main)
 

@@ -1,0 +1,258 @@
+"""Sentences in, translations (or scores) out: the host side of every program that decodes.
+
+transformer-eval, transformer-translate, transformer-attention and the benchmark all go through
+`translate` (beam search, n-best lists, greedy search, sampling; one model or an ensemble) and
+`score` (forced decoding). Both tokenize, sort the sentences by length and cut them into batches of one
+length bucket each, so little compute goes to padding and every bucket compiles once; pass the same
+`compiled_cache` dict to later calls (other checkpoints of the same model) to reuse the compiled
+functions. The searches themselves are decode.py's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import sentencepiece as spm
+
+from transformer import decode, partitioning, progress
+from transformer.config import ConfigError
+from transformer.data.batching import pad_rows
+from transformer.model import EOS_ID, PAD_ID, Transformer
+
+DECODE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)  # coarse: few shapes, padding is cheap here
+QUEUE_BATCHES = 8  # sentences per call, in batches: more waste less at the end of each queue
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSettings:
+  """How to decode: beam search (beam_size > 1), greedy (1) or sampling, and n-best lists."""
+  beam_size: int = 4
+  alpha: float = 0.6
+  max_extra_len: int = 50
+  nbest: int = 1
+  sampling: bool = False
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0
+
+  @classmethod
+  def from_config(cls, cfg: ml_collections.ConfigDict, **overrides: Any) -> SearchSettings:
+    """The config's decode settings with the flags that were given (None = not given), checked."""
+    settings = cls(beam_size=cfg.decode.beam_size, alpha=cfg.decode.alpha,
+                   max_extra_len=cfg.decode.max_extra_len)
+    settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    settings.check()
+    return settings
+
+  def check(self) -> None:
+    """One-line errors that name the flag to fix."""
+    if self.beam_size < 1:
+      raise ConfigError(f"--beam_size must be >= 1 (1 = greedy search), got {self.beam_size}")
+    if self.alpha < 0:
+      raise ConfigError(f"--alpha (the length-penalty exponent) must be >= 0, got {self.alpha:g}")
+    if self.max_extra_len < 0:
+      raise ConfigError(f"--max_extra_len must be >= 0, got {self.max_extra_len}")
+    if self.nbest < 1 or self.nbest > self.beam_size:
+      raise ConfigError(f"--nbest must be between 1 and --beam_size ({self.beam_size}), got "
+                        f"{self.nbest}: a beam of K keeps K hypotheses")
+    if self.sampling and self.nbest > 1:
+      raise ConfigError("--nbest works with beam search, not with --sample: draw several samples "
+                        "with different --seed values instead")
+    if self.temperature <= 0:
+      raise ConfigError(f"--temperature must be > 0, got {self.temperature:g}")
+    if self.top_k < 0:
+      raise ConfigError(f"--top_k must be >= 0 (0 = no limit), got {self.top_k}")
+    if not 0 < self.top_p <= 1:
+      raise ConfigError(f"--top_p must be in (0, 1], got {self.top_p:g}")
+
+  def describe(self) -> dict[str, Any]:
+    """The settings that matter for this search (for reports and metrics)."""
+    base = {"max_extra_len": self.max_extra_len}
+    if self.sampling:
+      return {"search": "sample", "temperature": self.temperature, "top_k": self.top_k,
+              "top_p": self.top_p, "seed": self.seed, **base}
+    if self.beam_size == 1:
+      return {"search": "greedy", "beam_size": 1, "alpha": self.alpha, **base}
+    return {"search": "beam", "beam_size": self.beam_size, "alpha": self.alpha,
+            "nbest": self.nbest, **base}
+
+
+@dataclasses.dataclass
+class Translations:
+  hypotheses: list[str]  # the best translation of each sentence ('' for empty sources)
+  nbest: list[list[dict[str, Any]]]  # per sentence, best first: text, score, log_prob, tokens
+  stats: dict[str, Any]  # sentences, truncated_sources, compile_sec, decode_sec, rates
+
+
+def _search_fn(models: Sequence[Transformer], settings: SearchSettings, decode_len: int,
+               slots: int) -> Callable:
+  """(params, src, limits, index) -> tokens [N, n, L], scores [N, n], log-probs [N, n] for a queue
+  of N sentences decoded `slots` at a time."""
+  def fn(params, src, limits, index):
+    if settings.sampling:
+      keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.key(settings.seed), index)
+      tokens, log_probs = decode.sample(models, params, src, limits, decode_len, keys,
+                                        settings.temperature, settings.top_k, settings.top_p, slots)
+      return tokens[:, None], log_probs[:, None], log_probs[:, None]
+    if settings.beam_size == 1:
+      tokens, log_probs = decode.greedy_search(models, params, src, limits, decode_len, slots)
+      return tokens[:, None], log_probs[:, None], log_probs[:, None]
+    tokens, scores = decode.beam_search_nbest(models, params, src, limits, decode_len,
+                                              settings.beam_size, settings.alpha, settings.nbest,
+                                              slots=slots)
+    lengths = (tokens != PAD_ID).sum(-1)
+    return tokens, scores, scores * decode.length_penalty(lengths, settings.alpha)
+  return fn
+
+
+def _as_tuple(models: Transformer | Sequence[Transformer], params: Any) -> tuple[tuple, tuple]:
+  if isinstance(models, Transformer):
+    return (models,), (params,)
+  return tuple(models), tuple(params)
+
+
+def _source_ids(vocab: spm.SentencePieceProcessor, sentences: Sequence[str], max_source_len: int
+                ) -> tuple[list[list[int]], int]:
+  """Token ids with EOS ([] for an empty line) and how many were truncated to max_source_len."""
+  encoded = [vocab.encode(s) if s.strip() else [] for s in sentences]
+  truncated = sum(len(e) > max_source_len - 1 for e in encoded)
+  return [e[:max_source_len - 1] + [EOS_ID] if e else [] for e in encoded], truncated
+
+
+def _bucket(length: int, limit: int) -> int:
+  """The padded length of a batch (never past `limit`, the limit of learned position tables)."""
+  return min(next((b for b in DECODE_BUCKETS if b >= length), length), limit)
+
+
+def _batches(lengths: Sequence[int], tokens_per_batch: int, limit: int, multiple: int,
+             queue_batches: int = 1) -> list[tuple[int, int, list[int]]]:
+  """(padded length, rows, member indices) for the non-empty items, shortest first.
+
+  A batch holds about `tokens_per_batch` tokens; with `queue_batches` > 1 a queue of up to that
+  many batches' worth of sentences goes to one call, decoded `rows` at a time (decode.py's slots).
+  """
+  order = sorted((i for i, n in enumerate(lengths) if n), key=lambda i: lengths[i])
+  groups: dict[int, list[int]] = {}
+  for i in order:
+    groups.setdefault(_bucket(lengths[i], limit), []).append(i)
+  batches = []
+  for length, members in groups.items():
+    rows = max(multiple, tokens_per_batch // length // multiple * multiple)
+    size = rows * queue_batches
+    batches += [(length, rows, members[s:s + size]) for s in range(0, len(members), size)]
+  return batches
+
+
+def translate(models: Transformer | Sequence[Transformer], params: Any,
+              vocab: spm.SentencePieceProcessor, sentences: Sequence[str],
+              settings: SearchSettings, tokens_per_batch: int, max_source_len: int,
+              compiled_cache: dict | None = None) -> Translations:
+  """Translates `sentences` (order kept) with one model or an ensemble (a sequence of models and
+  one of their parameters, sharing `vocab`).
+
+  Sources longer than `max_source_len` tokens are truncated (and counted). Empty sources give empty
+  translations. beam_size 1 is greedy search; `settings.sampling` samples (one key per sentence,
+  from `settings.seed` and the sentence's index, so a sentence's sample does not depend on the
+  batch it lands in).
+  """
+  models, params = _as_tuple(models, params)
+  compiled_cache = {} if compiled_cache is None else compiled_cache
+  mesh = partitioning.data_mesh()
+  ids, truncated = _source_ids(vocab, sentences, max_source_len)
+  learned = [m.config.max_len for m in models if m.config.positional == "learned"]
+  max_output = min(learned) if learned else None
+  nbest: list[list[dict[str, Any]]] = [[] for _ in sentences]
+  compile_time, decode_time, generated = 0.0, 0.0, 0
+  batches = _batches([len(i) for i in ids], tokens_per_batch, max_source_len, mesh.size,
+                     QUEUE_BATCHES)
+  with progress.Progress("translating", sum(len(b[2]) for b in batches), "sentences",
+                         line_seconds=10.0) as bar:
+    for length, slots, chunk in batches:
+      decode_len = length + settings.max_extra_len
+      decode_len = decode_len if max_output is None else min(decode_len, max_output)
+      queue = -(-len(chunk) // slots) * slots  # whole batches: few shapes to compile
+      src = pad_rows([np.array(ids[i], np.int32) for i in chunk], length, queue)
+      src_len = (src != PAD_ID).sum(1)
+      limits = np.where(src_len > 0, np.minimum(src_len + settings.max_extra_len, decode_len), 0)
+      index = np.zeros(queue, np.int32)
+      index[:len(chunk)] = chunk
+      batch = partitioning.shard_batch({"src": src, "limits": limits.astype(np.int32),
+                                        "index": index}, mesh)
+      args = (params, batch["src"], batch["limits"], batch["index"])
+      key = (length, queue, slots, decode_len, settings)
+      if key not in compiled_cache:
+        t = time.time()
+        fn = jax.jit(_search_fn(models, settings, decode_len, slots))
+        compiled_cache[key] = fn.lower(*args).compile()
+        compile_time += time.time() - t
+      t = time.time()
+      tokens, scores, log_probs = jax.device_get(compiled_cache[key](*args))
+      decode_time += time.time() - t
+      for row, i in enumerate(chunk):
+        for out, score, log_prob in zip(tokens[row].tolist(), scores[row], log_probs[row]):
+          out = out[:out.index(EOS_ID) + 1] if EOS_ID in out else out
+          nbest[i].append({"text": vocab.decode(out[:-1] if out[-1:] == [EOS_ID] else out),
+                           "score": float(score), "log_prob": float(log_prob),
+                           "tokens": len(out)})
+        generated += nbest[i][0]["tokens"]
+      bar.update(len(chunk), tokens=sum(nbest[i][0]["tokens"] for i in chunk))
+  stats = {"sentences": len(sentences), "truncated_sources": truncated,
+           "compile_sec": compile_time, "decode_sec": decode_time,
+           "sentences_per_sec": len(sentences) / decode_time if decode_time else float("nan"),
+           "target_tokens_per_sec": generated / decode_time if decode_time else float("nan"),
+           "ensemble": len(models)}
+  hypotheses = [n[0]["text"] if n else "" for n in nbest]
+  return Translations(hypotheses, nbest, stats)
+
+
+@functools.cache
+def _scoring_fn(models: tuple[Transformer, ...]) -> Callable:
+  return jax.jit(functools.partial(decode.forced_log_probs, models))
+
+
+def score(models: Transformer | Sequence[Transformer], params: Any,
+          vocab: spm.SentencePieceProcessor, sources: Sequence[str], targets: Sequence[str],
+          tokens_per_batch: int, max_len: int) -> list[dict[str, Any]]:
+  """Forced decoding: the log-probability of each target sentence given its source, and of each of
+  its tokens (EOS included), as training computes them. Returns per pair: log_prob, tokens,
+  token_log_probs, pieces. A side longer than `max_len` tokens or an empty target is an error (a
+  truncated target would get the score of another sentence)."""
+  models, params = _as_tuple(models, params)
+  if len(sources) != len(targets):
+    raise ConfigError(f"{len(sources)} source lines but {len(targets)} target lines; give one "
+                      "target per source")
+  src_ids, tgt_ids = [], []
+  for n, (s, t) in enumerate(zip(sources, targets), 1):
+    src, tgt = vocab.encode(s) + [EOS_ID], vocab.encode(t) + [EOS_ID]
+    if len(tgt) == 1:
+      raise ConfigError(f"target line {n} is empty; every line needs a sentence to score")
+    if max(len(src), len(tgt)) > max_len:
+      raise ConfigError(f"line {n} is {max(len(src), len(tgt))} tokens long (with </s>); this "
+                        f"model takes at most {max_len} (config.data.max_len)")
+    src_ids.append(src)
+    tgt_ids.append(tgt)
+  mesh = partitioning.data_mesh()
+  fn = _scoring_fn(models)
+  lengths = [max(len(s), len(t)) for s, t in zip(src_ids, tgt_ids)]
+  results: list[dict[str, Any]] = [{} for _ in sources]
+  with progress.Progress("scoring", len(sources), "sentences", line_seconds=10.0) as bar:
+    for length, rows, chunk in _batches(lengths, tokens_per_batch, max_len, mesh.size):
+      batch = partitioning.shard_batch(
+          {"src": pad_rows([np.array(src_ids[i], np.int32) for i in chunk], length, rows),
+           "tgt": pad_rows([np.array(tgt_ids[i], np.int32) for i in chunk], length, rows)}, mesh)
+      token_log_probs = np.asarray(jax.device_get(fn(params, batch["src"], batch["tgt"])))
+      for row, i in enumerate(chunk):
+        values = token_log_probs[row, :len(tgt_ids[i])].tolist()
+        results[i] = {"log_prob": float(np.sum(values)), "tokens": len(values),
+                      "token_log_probs": values,
+                      "pieces": [vocab.id_to_piece(t) for t in tgt_ids[i][:-1]] + ["</s>"]}
+      bar.update(len(chunk))
+  return results
