@@ -11,7 +11,7 @@ bench() {  # NAME CONFIG FLAGS...
   local name=$1 config=$2; shift 2
   echo "== $name"
   python -m transformer.benchmark --config="$config" --batch_tokens=25000 --seq_len=32 \
-    --steps=20 --warmup=5 --decode_batches=3 --measure_peak --checkpoint_saves=0 \
+    --steps=20 --warmup=5 --decode_sentences=-1 --measure_peak --checkpoint_saves=0 \
     --output="$out/$name.json" "$@" \
     2>"$out/$name.log" | cut -c1-400 || tail -3 "$out/$name.log"
 }
@@ -34,5 +34,5 @@ for path in sorted(Path(sys.argv[1]).glob("*.json")):
     table = r["analytic_tflops_per_sec"] / (peak * r["devices"]) if peak else float("nan")
     mem = (r["peak_memory_bytes"] or 0) / 2**30
     print(f"| {path.stem} | {r['target_tokens_per_sec']:,.0f} | {r['step_sec_median']:.3f} | {table:.1%} | "
-          f"{r['mfu']:.1%} | {mem:.1f} | {r.get('decode_sentences_per_sec', 0):.1f} |")
+          f"{r['mfu']:.1%} | {mem:.1f} | {r.get('decode_beam4_sentences_per_sec', 0):.1f} |")
 PY

@@ -46,7 +46,7 @@ def run_benchmark(args: argparse.Namespace, strategy: str, devices: int) -> dict
     output = Path(tmp) / "result.json"
     command = [sys.executable, "-m", "transformer.benchmark", f"--config={args.config}",
                f"--batch_tokens={args.batch_tokens}", f"--seq_len={args.seq_len}",
-               f"--steps={args.steps}", "--warmup=2", "--decode_batches=0",
+               f"--steps={args.steps}", "--warmup=2", "--decode_sentences=0",
                f"--config.mesh.data={data}", f"--config.mesh.fsdp={fsdp}",
                f"--config.mesh.tensor={tensor}", f"--output={output}", *args.overrides]
     result = subprocess.run(command, env=env, capture_output=True, text=True)

@@ -5,15 +5,15 @@ import math
 import pytest
 from conftest import tiny_run_config
 
-from transformer.benchmark import benchmark, benchmark_input, spread
+from transformer.benchmark import benchmark, benchmark_input, decode_workload, spread
 from transformer.info import table_peak, training_flops_per_target_token
-from transformer.model import ModelConfig
+from transformer.model import EOS_ID, ModelConfig
 
 
 def test_benchmark_reports_consistent_figures(tmp_path):
   cfg = tiny_run_config(tmp_path)
   (tmp_path / "disk").mkdir()
-  result = benchmark(cfg, batch_tokens=100, seq_len=8, steps=2, warmup=0, decode_batches=1,
+  result = benchmark(cfg, batch_tokens=100, seq_len=8, steps=2, warmup=0, decode_sentences=6,
                      peak_tflops=2.0, checkpoint_saves=2, checkpoint_dir=str(tmp_path / "disk"))
   assert result["rows"] == 12 and result["target_tokens_per_step"] == 96
   assert result["target_tokens_per_sec"] == pytest.approx(96 / result["step_sec_median"])
@@ -26,16 +26,29 @@ def test_benchmark_reports_consistent_figures(tmp_path):
   assert result["mfu"] == pytest.approx(result["analytic_tflops_per_sec"] / 2.0)
   assert result["floor_step_sec"] == pytest.approx(flops / 2e12)
   assert result["peak_source"] == "--peak_tflops"
-  # beam search: the evaluation batch (decode.tokens_per_batch 4096 / 8 tokens), 8 + 5 output tokens
-  assert result["decode_rows"] == 512 and result["decode_len"] == 13
-  assert result["decode_mean_output_len"] == 13  # decoded to full length: EOS only at the limit
-  assert result["decode_sentences_per_sec"] == pytest.approx(512 / result["decode_batch_sec_median"])
+  # decoding: the first 6 validation sentences, each to its reference's length, greedy and beam 4
+  assert result["decode_sentences"] == 6 and result["decode_data"].endswith(
+      "first 6 sentences, reference lengths")
+  for beam in (1, 4):
+    tokens = result[f"decode_beam{beam}_target_tokens_per_sec"] * result[f"decode_beam{beam}_sec"]
+    assert tokens == pytest.approx(6 * result["decode_mean_output_len"])
+    assert result[f"decode_beam{beam}_sentences_per_sec"] == pytest.approx(
+        6 / result[f"decode_beam{beam}_sec"])
   assert result["peak_memory_bytes"] is None  # the CPU backend keeps no memory statistics
   # checkpoints: the state's arrays are on disk (parameters and two Adam moments, float32)
   assert result["checkpoint_saves"] == 2
   assert result["checkpoint_bytes"] > 3 * 4 * result["parameters"] * 0.5  # zstd: a little smaller
   assert 0 < result["checkpoint_blocking_sec_median"] <= result["checkpoint_write_sec_median"]
   assert list((tmp_path / "disk").iterdir()) == []  # the benchmark's checkpoints are removed
+
+
+def test_decoding_work_is_synthetic_where_the_data_is_missing(tmp_path):
+  cfg = tiny_run_config(tmp_path)
+  cfg.data.eval_src = str(tmp_path / "missing.en")
+  src, lengths, origin = decode_workload(cfg, 300, 50, seq_len=8)
+  assert origin.startswith("synthetic: 50 sentences") and len(src) == len(lengths) == 50
+  assert all(4 <= n <= 12 and len(s) == n and s[-1] == EOS_ID for s, n in zip(src, lengths))
+  assert (src, lengths) == decode_workload(cfg, 300, 50, seq_len=8)[:2]  # the same work every run
 
 
 def test_the_peak_table_matches_device_kinds_by_longest_prefix():

@@ -2,17 +2,18 @@
 n-best lists, sampling independent of batching, forced scores equal to training's dev loss."""
 
 import dataclasses
+import json
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import init_params, tiny_model_config, tiny_run_config
+from conftest import init_params, run_cli, tiny_model_config, tiny_run_config
 
 from transformer import decode, translator
 from transformer.config import base_config
 from transformer.data import sources
 from transformer.data import vocab as vocab_lib
-from transformer.evaluate import load_model
+from transformer.evaluate import evaluate, load_model
 from transformer.metrics import read_metrics
 from transformer.model import EOS_ID, Transformer
 from transformer.train import train_and_evaluate
@@ -111,3 +112,41 @@ def test_samples_do_not_depend_on_batching(trained):
   other_seed = translate(model, params, vocab, sentences, dataclasses.replace(settings, seed=4),
                          tokens_per_batch=40, max_source_len=cfg.data.max_len).hypotheses
   assert other_seed != runs[0]
+
+
+def test_the_programs_write_nbest_lists_scores_samples_and_ensemble_reports(trained, tmp_path):
+  cfg, workdir = trained
+  source = tmp_path / "in.en"
+  source.write_text("A dog runs on the beach.\nTwo men play football.\n")
+  out = run_cli("transformer.translate", f"--workdir={workdir}", f"--input_file={source}",
+                f"--output_file={tmp_path / 'out.de'}", "--beam_size=3", "--nbest=2")
+  assert out.returncode == 0, out.stderr[-3000:]
+  best = (tmp_path / "out.de").read_text().splitlines()
+  lists = [json.loads(line) for line in (tmp_path / "out.de.nbest.jsonl").read_text().splitlines()]
+  assert [entry["index"] for entry in lists] == [0, 1] and len(best) == 2
+  assert [entry["hypotheses"][0]["text"] for entry in lists] == best
+  assert all(len(entry["hypotheses"]) == 2 for entry in lists)
+
+  out = run_cli("transformer.translate", f"--workdir={workdir}", f"--input_file={source}",
+                f"--score={tmp_path / 'out.de'}")
+  assert out.returncode == 0, out.stderr[-3000:]
+  scores = [json.loads(line) for line in out.stdout.splitlines()]
+  for score, entry in zip(scores, lists):  # forced decoding of the search's own best output
+    assert score["tokens"] == entry["hypotheses"][0]["tokens"]
+    assert score["log_prob"] == pytest.approx(entry["hypotheses"][0]["log_prob"], abs=1e-3)
+  assert "mean NLL" in out.stderr
+
+  samples = [run_cli("transformer.translate", f"--workdir={workdir}", f"--input_file={source}",
+                     "--sample", "--top_p=0.9", "--seed=5").stdout for _ in range(2)]
+  assert samples[0] == samples[1] and len(samples[0].splitlines()) == 2
+
+  out = run_cli("transformer.evaluate", f"--workdir={workdir}", f"--ensemble={workdir}",
+                "--beam_size=2", "--nbest=2")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "ensemble of 2 runs" in out.stdout and "chrF" in out.stdout
+  report = json.loads((workdir / "eval" / "validation_step6_ens2.json").read_text())
+  single = evaluate(str(workdir), beam_size=2)  # the same model twice decodes as the model
+  assert report["sacrebleu"]["bleu"] == pytest.approx(single["sacrebleu"]["bleu"])
+  assert report["chrf"]["chrf"] == pytest.approx(single["chrf"]["chrf"])
+  nbest = (workdir / "eval" / "validation_step6_ens2.nbest.jsonl").read_text().splitlines()
+  assert len(nbest) == 40 and len(json.loads(nbest[0])["hypotheses"]) == 2

@@ -5,13 +5,15 @@
 
 Compiles the real train step once (the one training runs, on the config's mesh), then times `--steps`
 steps (after `--warmup` untimed ones) on a synthetic batch of `--batch_tokens` target tokens (rows
-of `--seq_len` tokens, no padding; as many source tokens), and times beam search (the evaluation
-program's search, `decode.*` settings) on `--decode_batches` batches of the evaluation batch size,
-and `--checkpoint_saves` asynchronous checkpoint saves (how long each stops training).
+of `--seq_len` tokens, no padding; as many source tokens; default: the config's batch size), times
+greedy and beam search as the evaluation program runs them (`decode.*` settings) on
+`--decode_sentences` real evaluation sentences (or synthetic ones) decoded to their references'
+lengths, and `--checkpoint_saves` asynchronous checkpoint saves (how long each stops training).
 Prints one JSON object (and writes it to `--output`): target tokens/s, step time (median, spread),
 analytic training FLOPs per step (info.training_flops_per_target_token), MFU against the device's
-peak (info.PEAK_TFLOPS, `--peak_tflops`, or a measured matmul with `--measure_peak`), decode sentences/s
-and peak device memory where the backend reports it. With --input_pipeline it instead runs the
+peak (info.PEAK_TFLOPS, `--peak_tflops`, or a measured matmul with `--measure_peak`), decode
+sentences/s and target tokens/s for beam 1 and the config's beam, and peak device memory where the
+backend reports it. Progress goes to the log as it runs. With --input_pipeline it instead runs the
 config's real training input pipeline (read, tokenize, filter, batch; no device work) for
 `--batches` batches and reports the tokens per second it can produce. Timings live here, never in
 tests. docs/performance.md holds the figures measured with it.
@@ -20,8 +22,8 @@ tests. docs/performance.md holds the figures measured with it.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
+import logging
 import os
 import statistics
 import sys
@@ -37,20 +39,23 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import checkpoints, decode, partitioning
+from transformer import checkpoints, partitioning, translator
 from transformer.cli import (
   define_distributed_flags,
   initialize_distributed,
   run_program,
 )
 from transformer.config import ConfigError, validate
+from transformer.data import sources
+from transformer.data import vocab as vocab_lib
 from transformer.data.sources import DataError
 from transformer.distributed import DistributedError
 from transformer.info import table_peak, training_flops_per_target_token
-from transformer.model import EOS_ID, PAD_ID, ModelConfig, Transformer
+from transformer.model import EOS_ID, ModelConfig, Transformer
 from transformer.train import jit_train_fns, prepare_data
 
 FLAGS = flags.FLAGS
+log = logging.getLogger("transformer")
 
 def measure_peak_tflops(dtype: Any, size: int = 4096, repeats: int = 10) -> float:
   """TFLOP/s of a large square matmul in `dtype` on one device: an achievable peak."""
@@ -93,13 +98,15 @@ def synthetic_tokens(rows: int, length: int, vocab_size: int, seed: int = 0) -> 
   return tokens
 
 
-def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int, seq_len: int, steps: int,
-              warmup: int, decode_batches: int = 0, peak_tflops: float | None = None,
+def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int | None, seq_len: int, steps: int,
+              warmup: int, decode_sentences: int = 0, peak_tflops: float | None = None,
               measure_peak: bool = False, checkpoint_saves: int = 0,
               checkpoint_dir: str | None = None) -> dict[str, Any]:
-  """Times training steps (beam search if `decode_batches`, checkpoint saves if `checkpoint_saves`);
-  returns the figures as a dict."""
+  """Times training steps (on batches of `batch_tokens`, default the config's
+  data.tokens_per_batch), decoding if `decode_sentences` (-1: the whole evaluation split) and
+  checkpoint saves if `checkpoint_saves`; returns the figures as a dict."""
   validate(cfg)
+  batch_tokens = batch_tokens or cfg.data.tokens_per_batch
   mesh = partitioning.make_mesh(cfg, cfg.data.vocab_size)
   config = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
   model = Transformer(config)
@@ -118,8 +125,11 @@ def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int, seq_len: int, s
     holder["sums"] = sums
     return sums
 
+  log.info("Compiling the train step (%d rows x %d tokens, %s)", rows, seq_len,
+           f"{mesh.size} device(s)")
   compile_sec = timed(one_step, 1)[0]  # compilation and the first step
   timed(one_step, warmup)
+  log.info("Timing %d training steps", steps)
   times = spread(timed(one_step, steps))
   sums = jax.device_get(holder["sums"])
   tokens_per_step = rows * seq_len
@@ -149,9 +159,9 @@ def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int, seq_len: int, s
       "floor_step_sec": flops_per_step / (peak * mesh.size * 1e12) if peak else None,
       "loss": float(sums["loss"] / sums["tokens"]),
   }
-  if decode_batches:
-    result.update(benchmark_decode(cfg, model, holder["state"].params, seq_len, decode_batches,
-                                   mesh))
+  if decode_sentences:
+    result.update(benchmark_decode(cfg, model, holder["state"].params, seq_len, decode_sentences,
+                                   sorted({1, cfg.decode.beam_size})))
   if checkpoint_saves:
     result.update(benchmark_checkpoint(holder, one_step, checkpoint_saves, checkpoint_dir))
   result["peak_memory_bytes"] = peak_memory_bytes()
@@ -187,31 +197,58 @@ def benchmark_checkpoint(holder: dict[str, Any], one_step, saves: int,
           "step_sec_during_checkpoint_write_median": statistics.median(during)}
 
 
-def benchmark_decode(cfg: ml_collections.ConfigDict, model: Transformer, params: Any, seq_len: int,
-                     batches: int, mesh: jax.sharding.Mesh) -> dict[str, Any]:
-  """Beam search as the evaluation program runs it, on source batches of `seq_len` tokens.
+def decode_workload(cfg: ml_collections.ConfigDict, vocab_size: int, sentences: int, seq_len: int
+                    ) -> tuple[list[list[int]], list[int], str]:
+  """Source ids and output lengths to decode, and where they come from: the config's evaluation
+  sentences tokenized with its cached vocabulary, each decoded to its reference's length; or, where
+  that data is not on this machine, synthetic sources of seq_len/2 .. 3*seq_len/2 tokens decoded to
+  their own length (seeded, so every run does the same work)."""
+  try:
+    text = sources.load_split(cfg.data, cfg.data.eval_split)
+    vocab = vocab_lib.load_vocab(vocab_lib.cached_vocab(
+        cfg.data, sources.open_split(cfg.data, cfg.data.train_split), cfg.seed))
+  except DataError as e:
+    log.info("Decoding synthetic sentences: %s", e)
+  else:
+    count = len(text) if sentences < 0 else min(sentences, len(text))
+    src = [vocab.encode(s)[:cfg.data.max_len - 1] + [EOS_ID] for s in text.source[:count]]
+    lengths = [min(len(vocab.encode(t)) + 1, len(s) + cfg.decode.max_extra_len)
+               for s, t in zip(src, text.target[:count])]
+    return src, lengths, f"{text.name}, first {count} sentences, reference lengths"
+  count = 1000 if sentences < 0 else sentences
+  rng = np.random.default_rng(2)
+  lengths = rng.integers(max(2, seq_len // 2), seq_len * 3 // 2 + 1, count).tolist()
+  src = [rng.integers(4, vocab_size, n - 1).tolist() + [EOS_ID] for n in lengths]
+  return src, lengths, f"synthetic: {count} sentences of {min(lengths)}-{max(lengths)} tokens"
 
-  EOS is forbidden before the length limit (source + decode.max_extra_len), so every sentence is
-  decoded to full length whatever the (barely trained) parameters: the slowest case, the same work
-  in every run. transformer-eval reports the speed on real sentences with a trained model.
+
+def benchmark_decode(cfg: ml_collections.ConfigDict, model: Transformer, params: Any, seq_len: int,
+                     sentences: int, beams: list[int]) -> dict[str, Any]:
+  """Decoding as the evaluation program runs it (translator.search_ids: length buckets, batches of
+  decode.tokens_per_batch source tokens, decode.alpha), once per beam size in `beams` (1 = greedy).
+
+  Every hypothesis is decoded to a realistic length (decode_workload) whatever the (untrained)
+  parameters: EOS is forbidden before it and forced there, so every run does the same work.
+  transformer-eval reports the speed of a trained model, which also stops early.
   """
-  multiple = partitioning.batch_shards(mesh)
-  rows = max(multiple, cfg.decode.tokens_per_batch // seq_len // multiple * multiple)
-  decode_len = seq_len + cfg.decode.max_extra_len
-  src = synthetic_tokens(rows, seq_len, model.config.vocab_size, 2)
-  limits = np.full((rows,), decode_len, np.int32)
-  placed = partitioning.shard_batch({"src": src, "limits": limits}, mesh)
-  search = jax.jit(functools.partial(decode.beam_search, model, decode_len=decode_len,
-                                     beam_size=cfg.decode.beam_size, alpha=cfg.decode.alpha))
-  run = lambda: search(params, placed["src"], placed["limits"], min_lengths=placed["limits"])
-  compile_sec = timed(run, 1)[0]
-  times = spread(timed(run, batches))
-  tokens, _ = jax.device_get(run())
-  output_len = float(np.mean((np.asarray(tokens) != PAD_ID).sum(axis=1)))
-  return {"decode_rows": rows, "decode_beam_size": cfg.decode.beam_size,
-          "decode_len": decode_len, "decode_mean_output_len": output_len,
-          "decode_compile_sec": round(compile_sec, 2), "decode_batch_sec_median": times["median"],
-          "decode_sentences_per_sec": rows / times["median"]}
+  src, lengths, origin = decode_workload(cfg, model.config.vocab_size, sentences, seq_len)
+  result: dict[str, Any] = {"decode_data": origin, "decode_sentences": len(src),
+                            "decode_mean_source_len": float(np.mean([len(s) for s in src])),
+                            "decode_mean_output_len": float(np.mean(lengths))}
+  for beam in beams:
+    log.info("Decoding %d sentences with %s (%s)", len(src),
+             "greedy search" if beam == 1 else f"beam {beam}", origin)
+    settings = translator.SearchSettings(beam_size=beam, alpha=cfg.decode.alpha,
+                                         max_extra_len=cfg.decode.max_extra_len)
+    outputs, stats = translator.search_ids(model, params, src, settings,
+                                           cfg.decode.tokens_per_batch, cfg.data.max_len,
+                                           output_lengths=lengths)
+    assert [len(o[0][0]) for o in outputs] == lengths  # the work asked for was done
+    result.update({f"decode_beam{beam}_sentences_per_sec": stats["sentences_per_sec"],
+                   f"decode_beam{beam}_target_tokens_per_sec": stats["target_tokens_per_sec"],
+                   f"decode_beam{beam}_sec": stats["decode_sec"],
+                   f"decode_beam{beam}_compile_sec": stats["compile_sec"]})
+  return result
 
 
 def benchmark_input(cfg, batches: int) -> dict:
@@ -248,7 +285,7 @@ def main(argv: list[str]) -> None:
       result = benchmark_input(FLAGS.config, FLAGS.batches)
     else:
       result = benchmark(FLAGS.config, FLAGS.batch_tokens, FLAGS.seq_len, FLAGS.steps,
-                         FLAGS.warmup, FLAGS.decode_batches, FLAGS.peak_tflops, FLAGS.measure_peak,
+                         FLAGS.warmup, FLAGS.decode_sentences, FLAGS.peak_tflops, FLAGS.measure_peak,
                          FLAGS.checkpoint_saves, FLAGS.checkpoint_dir)
   except (ConfigError, DataError, DistributedError, checkpoints.CheckpointError) as e:
     sys.exit(f"transformer-benchmark: error: {e}")
@@ -262,11 +299,13 @@ def main(argv: list[str]) -> None:
 def run() -> None:
   """Console-script entry point."""
   config_flags.DEFINE_config_file("config", None, "Path to a get_config() file.")
-  flags.DEFINE_integer("batch_tokens", 25000, "Target tokens per step (as many source tokens).")
+  flags.DEFINE_integer("batch_tokens", None, "Target tokens per step (as many source tokens; "
+                       "default: the config's data.tokens_per_batch).")
   flags.DEFINE_integer("seq_len", 32, "Tokens per sentence of the synthetic batch.")
   flags.DEFINE_integer("steps", 20, "Timed steps.")
   flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
-  flags.DEFINE_integer("decode_batches", 3, "Timed beam-search batches (0 = skip decoding).")
+  flags.DEFINE_integer("decode_sentences", -1, "Sentences to decode with greedy and beam search "
+                       "(-1 = the config's whole evaluation split, or 1000 synthetic ones; 0 = skip).")
   flags.DEFINE_float("peak_tflops", None, "Peak TFLOP/s per device for MFU (default: the table).")
   flags.DEFINE_bool("measure_peak", False, "Measure the peak with a large matmul instead.")
   flags.DEFINE_integer("checkpoint_saves", 3, "Timed asynchronous checkpoint saves (0 = skip).")

@@ -93,21 +93,23 @@ class Translations:
 
 
 def _search_fn(models: Sequence[Transformer], settings: SearchSettings, decode_len: int,
-               slots: int) -> Callable:
+               slots: int, forced_lengths: bool = False) -> Callable:
   """(params, src, limits, index) -> tokens [N, n, L], scores [N, n], log-probs [N, n] for a queue
-  of N sentences decoded `slots` at a time."""
+  of N sentences decoded `slots` at a time (`forced_lengths`: EOS forbidden before the limit)."""
   def fn(params, src, limits, index):
     if settings.sampling:
       keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.key(settings.seed), index)
       tokens, log_probs = decode.sample(models, params, src, limits, decode_len, keys,
                                         settings.temperature, settings.top_k, settings.top_p, slots)
       return tokens[:, None], log_probs[:, None], log_probs[:, None]
+    min_lengths = limits if forced_lengths else None
     if settings.beam_size == 1:
-      tokens, log_probs = decode.greedy_search(models, params, src, limits, decode_len, slots)
+      tokens, log_probs = decode.greedy_search(models, params, src, limits, decode_len, slots,
+                                               min_lengths)
       return tokens[:, None], log_probs[:, None], log_probs[:, None]
     tokens, scores = decode.beam_search_nbest(models, params, src, limits, decode_len,
                                               settings.beam_size, settings.alpha, settings.nbest,
-                                              slots=slots)
+                                              min_lengths, slots)
     lengths = (tokens != PAD_ID).sum(-1)
     return tokens, scores, scores * decode.length_penalty(lengths, settings.alpha)
   return fn
@@ -151,6 +153,74 @@ def _batches(lengths: Sequence[int], tokens_per_batch: int, limit: int, multiple
   return batches
 
 
+def _shape(count: int, rows: int) -> tuple[int, int]:
+  """(slots, queue length) for `count` sentences of a bucket whose batches hold `rows`: powers of
+  two (few shapes to compile), never more slots than sentences."""
+  slots = min(rows, 1 << (count - 1).bit_length())
+  return slots, slots * (1 << (-(-count // slots) - 1).bit_length())
+
+
+def search_ids(models: Transformer | Sequence[Transformer], params: Any,
+               ids: Sequence[Sequence[int]], settings: SearchSettings, tokens_per_batch: int,
+               max_source_len: int, compiled_cache: dict | None = None,
+               output_lengths: Sequence[int] | None = None
+               ) -> tuple[list[list[tuple[list[int], float, float]]], dict[str, Any]]:
+  """The search on token ids (EOS-terminated; [] = nothing to translate): per sentence, its
+  hypotheses best first as (tokens with EOS, score, log-probability), and timing figures.
+
+  `output_lengths` makes every hypothesis exactly that long (EOS forbidden before, forced there):
+  the benchmark's way to do realistic work with untrained parameters.
+  """
+  models, params = _as_tuple(models, params)
+  compiled_cache = {} if compiled_cache is None else compiled_cache
+  mesh = partitioning.data_mesh()
+  learned = [m.config.max_len for m in models if m.config.positional == "learned"]
+  max_output = min(learned) if learned else None
+  results: list[list[tuple[list[int], float, float]]] = [[] for _ in ids]
+  compile_time, decode_time, generated = 0.0, 0.0, 0
+  batches = _batches([len(i) for i in ids], tokens_per_batch, max_source_len, mesh.size,
+                     QUEUE_BATCHES)
+  with progress.Progress("translating", sum(len(b[2]) for b in batches), "sentences",
+                         line_seconds=10.0) as bar:
+    for length, rows, chunk in batches:
+      slots, queue = _shape(len(chunk), rows)
+      slots = max(slots, mesh.size)
+      queue = -(-queue // slots) * slots
+      decode_len = length + settings.max_extra_len
+      decode_len = decode_len if max_output is None else min(decode_len, max_output)
+      src = pad_rows([np.array(ids[i], np.int32) for i in chunk], length, queue)
+      src_len = (src != PAD_ID).sum(1)
+      limits = np.where(src_len > 0, np.minimum(src_len + settings.max_extra_len, decode_len), 0)
+      if output_lengths is not None:
+        limits[:len(chunk)] = np.minimum([output_lengths[i] for i in chunk], decode_len)
+      index = np.zeros(queue, np.int32)
+      index[:len(chunk)] = chunk
+      batch = partitioning.shard_batch({"src": src, "limits": limits.astype(np.int32),
+                                        "index": index}, mesh)
+      args = (params, batch["src"], batch["limits"], batch["index"])
+      key = (length, queue, slots, decode_len, settings, output_lengths is not None)
+      if key not in compiled_cache:
+        t = time.time()
+        fn = jax.jit(_search_fn(models, settings, decode_len, slots, output_lengths is not None))
+        compiled_cache[key] = fn.lower(*args).compile()
+        compile_time += time.time() - t
+      t = time.time()
+      tokens, scores, log_probs = jax.device_get(compiled_cache[key](*args))
+      decode_time += time.time() - t
+      for row, i in enumerate(chunk):
+        for out, score, log_prob in zip(tokens[row].tolist(), scores[row], log_probs[row]):
+          out = out[:out.index(EOS_ID) + 1] if EOS_ID in out else out
+          results[i].append((out, float(score), float(log_prob)))
+        generated += len(results[i][0][0])
+      bar.update(len(chunk), tokens=sum(len(results[i][0][0]) for i in chunk))
+  stats = {"sentences": len(ids), "compile_sec": compile_time, "decode_sec": decode_time,
+           "sentences_per_sec": len(ids) / decode_time if decode_time else float("nan"),
+           "target_tokens": generated,
+           "target_tokens_per_sec": generated / decode_time if decode_time else float("nan"),
+           "models": len(models)}
+  return results, stats
+
+
 def translate(models: Transformer | Sequence[Transformer], params: Any,
               vocab: spm.SentencePieceProcessor, sentences: Sequence[str],
               settings: SearchSettings, tokens_per_batch: int, max_source_len: int,
@@ -163,54 +233,14 @@ def translate(models: Transformer | Sequence[Transformer], params: Any,
   from `settings.seed` and the sentence's index, so a sentence's sample does not depend on the
   batch it lands in).
   """
-  models, params = _as_tuple(models, params)
-  compiled_cache = {} if compiled_cache is None else compiled_cache
-  mesh = partitioning.data_mesh()
   ids, truncated = _source_ids(vocab, sentences, max_source_len)
-  learned = [m.config.max_len for m in models if m.config.positional == "learned"]
-  max_output = min(learned) if learned else None
-  nbest: list[list[dict[str, Any]]] = [[] for _ in sentences]
-  compile_time, decode_time, generated = 0.0, 0.0, 0
-  batches = _batches([len(i) for i in ids], tokens_per_batch, max_source_len, mesh.size,
-                     QUEUE_BATCHES)
-  with progress.Progress("translating", sum(len(b[2]) for b in batches), "sentences",
-                         line_seconds=10.0) as bar:
-    for length, slots, chunk in batches:
-      decode_len = length + settings.max_extra_len
-      decode_len = decode_len if max_output is None else min(decode_len, max_output)
-      queue = -(-len(chunk) // slots) * slots  # whole batches: few shapes to compile
-      src = pad_rows([np.array(ids[i], np.int32) for i in chunk], length, queue)
-      src_len = (src != PAD_ID).sum(1)
-      limits = np.where(src_len > 0, np.minimum(src_len + settings.max_extra_len, decode_len), 0)
-      index = np.zeros(queue, np.int32)
-      index[:len(chunk)] = chunk
-      batch = partitioning.shard_batch({"src": src, "limits": limits.astype(np.int32),
-                                        "index": index}, mesh)
-      args = (params, batch["src"], batch["limits"], batch["index"])
-      key = (length, queue, slots, decode_len, settings)
-      if key not in compiled_cache:
-        t = time.time()
-        fn = jax.jit(_search_fn(models, settings, decode_len, slots))
-        compiled_cache[key] = fn.lower(*args).compile()
-        compile_time += time.time() - t
-      t = time.time()
-      tokens, scores, log_probs = jax.device_get(compiled_cache[key](*args))
-      decode_time += time.time() - t
-      for row, i in enumerate(chunk):
-        for out, score, log_prob in zip(tokens[row].tolist(), scores[row], log_probs[row]):
-          out = out[:out.index(EOS_ID) + 1] if EOS_ID in out else out
-          nbest[i].append({"text": vocab.decode(out[:-1] if out[-1:] == [EOS_ID] else out),
-                           "score": float(score), "log_prob": float(log_prob),
-                           "tokens": len(out)})
-        generated += nbest[i][0]["tokens"]
-      bar.update(len(chunk), tokens=sum(nbest[i][0]["tokens"] for i in chunk))
-  stats = {"sentences": len(sentences), "truncated_sources": truncated,
-           "compile_sec": compile_time, "decode_sec": decode_time,
-           "sentences_per_sec": len(sentences) / decode_time if decode_time else float("nan"),
-           "target_tokens_per_sec": generated / decode_time if decode_time else float("nan"),
-           "ensemble": len(models)}
+  results, stats = search_ids(models, params, ids, settings, tokens_per_batch, max_source_len,
+                              compiled_cache)
+  nbest = [[{"text": vocab.decode(tokens[:-1] if tokens[-1:] == [EOS_ID] else tokens),
+             "score": score, "log_prob": log_prob, "tokens": len(tokens)}
+            for tokens, score, log_prob in hypotheses] for hypotheses in results]
   hypotheses = [n[0]["text"] if n else "" for n in nbest]
-  return Translations(hypotheses, nbest, stats)
+  return Translations(hypotheses, nbest, {**stats, "truncated_sources": truncated})
 
 
 @functools.cache
