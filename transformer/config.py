@@ -101,7 +101,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.decode.beam_size = 4
   c.decode.alpha = 0.6              # GNMT length penalty ((5 + len) / 6) ** alpha.
   c.decode.max_extra_len = 50       # output may be up to input length + this.
-  c.decode.tokens_per_batch = 4096  # source tokens per decoding batch (before the beam).
+  c.decode.tokens_per_batch = 1024  # source tokens per decoding batch (before the beam): the slots.
   return c
 
 

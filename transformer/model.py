@@ -25,6 +25,7 @@ Speed options, all off or automatic by default: attention through `jax.nn.dot_pr
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -156,6 +157,56 @@ def cached_attention(query: jax.Array, key_t: jax.Array, value: jax.Array, mask:
   return jnp.swapaxes(jnp.einsum("bhgn,bhnv->bhgv", weights, value), 1, 2)
 
 
+def cache_blocks(decode_len: int, first: int = 16) -> list[tuple[int, int]]:
+  """(start, positions) of the self-attention cache's blocks: 16, 16, 32, 64, ... positions, so
+  the blocks in use at step t never hold more than about 2t positions."""
+  blocks, start = [], 0
+  while start < decode_len:
+    size = min(max(first, start), decode_len - start)
+    blocks.append((start, size))
+    start += size
+  return blocks
+
+
+def blocked_attention(query: jax.Array, keys_t: list[jax.Array], values: list[jax.Array],
+                      starts: list[int], mask: jax.Array, step: jax.Array) -> jax.Array:
+  """`cached_attention` over a self-attention cache kept as blocks of positions, skipping the blocks
+  that no hypothesis has reached yet (none holds a position <= max(step)).
+
+  The cache is preallocated for the longest output, but at step t only t + 1 positions hold keys:
+  reading all of them made each step cost as much as the last one. Each block in use gives the
+  softmax's partial maximum, sum and weighted values; they are combined as flash attention does.
+  """
+  query = jnp.swapaxes(query, 1, 2)  # [B, H, G, K]
+  group = query.shape[2]
+  scale = 1.0 / math.sqrt(query.shape[-1])
+  lowest = jnp.finfo(jnp.float32).min
+  reached = jnp.max(step)
+  parts = []
+  for key_t, value, start in zip(keys_t, values, starts):
+    block_mask = mask[..., start * group:start * group + key_t.shape[-1]]
+
+    def attend(key_t=key_t, value=value, block_mask=block_mask):
+      logits = jnp.einsum("bhgk,bhkn->bhgn", query, key_t, preferred_element_type=jnp.float32)
+      logits = jnp.where(block_mask, logits * scale, lowest)
+      peak = jnp.max(logits, axis=-1, keepdims=True)
+      weights = jnp.where(block_mask, jnp.exp(logits - peak), 0.0)
+      return (peak, weights.sum(-1, keepdims=True),
+              jnp.einsum("bhgn,bhnv->bhgv", weights.astype(value.dtype), value,
+                         preferred_element_type=jnp.float32))
+
+    if start == 0:
+      parts.append(attend())
+    else:
+      shapes = jax.eval_shape(attend)
+      parts.append(jax.lax.cond(reached >= start, attend, lambda shapes=shapes: tuple(
+          jnp.full(x.shape, lowest if i == 0 else 0.0, x.dtype) for i, x in enumerate(shapes))))
+  peak = functools.reduce(jnp.maximum, [p for p, _, _ in parts])
+  total = sum(jnp.exp(p - peak) * t for p, t, _ in parts)
+  out = sum(jnp.exp(p - peak) * o for p, _, o in parts) / total
+  return jnp.swapaxes(out.astype(values[0].dtype), 1, 2)
+
+
 def attention_kernel(config: ModelConfig, with_dropout: bool) -> str:
   """Which implementation computes attention over full sequences: 'reference' (ours), 'xla' or
   'cudnn' (both through `jax.nn.dot_product_attention`, whose logits and softmax are float32 too).
@@ -203,19 +254,26 @@ class MultiHeadAttention(nn.Module):
       key = self.variable("cache", "cached_key", lambda: keys_last(key_proj(inputs_kv))).value
       value = self.variable("cache", "cached_value", lambda: heads_first(value_proj(inputs_kv))).value
       out = cached_attention(query, key, value, mask)
-    elif cache == "self":  # cache slot (position, hypothesis) = position * G + hypothesis
+    elif cache == "self":  # block slot (position - block start) * G + hypothesis
       batch, group = inputs_kv.shape[:2]
-      new_key, new_value = keys_last(key_proj(inputs_kv)), heads_first(value_proj(inputs_kv))
-      key_var = self.variable("cache", "cached_key", jnp.zeros,
-                              (batch, heads, cfg.key_dim, decode_len * group), new_key.dtype)
-      value_var = self.variable("cache", "cached_value", jnp.zeros,
-                                (batch, heads, decode_len * group, cfg.value_dim), new_value.dtype)
+      new_key, new_value = key_proj(inputs_kv), value_proj(inputs_kv)  # [B, G, H, d]
       steps = jnp.broadcast_to(step, (batch,))
-      write = lambda axis: jax.vmap(lambda cached, new, at: jax.lax.dynamic_update_slice_in_dim(
-          cached, new, at * group, axis=axis))  # each sentence at its own position
-      key_var.value = write(2)(key_var.value, new_key, steps)
-      value_var.value = write(1)(value_var.value, new_value, steps)
-      out = cached_attention(query, key_var.value, value_var.value, mask)
+      rows, hypotheses = jnp.arange(batch)[:, None], jnp.arange(group)
+      keys_t, values, starts = [], [], []
+      for i, (start, size) in enumerate(cache_blocks(decode_len)):
+        key_var = self.variable("cache", f"cached_key_{i}", jnp.zeros,
+                                (batch, heads, cfg.key_dim, size * group), new_key.dtype)
+        value_var = self.variable("cache", f"cached_value_{i}", jnp.zeros,
+                                  (batch, heads, size * group, cfg.value_dim), new_value.dtype)
+        # Each sentence writes at its own position, into the block that holds it (others drop it).
+        local = steps - start
+        slot = jnp.where((local >= 0) & (local < size), local, size)[:, None] * group + hypotheses
+        key_var.value = key_var.value.at[rows, :, :, slot].set(new_key, mode="drop")
+        value_var.value = value_var.value.at[rows, :, slot].set(new_value, mode="drop")
+        keys_t.append(key_var.value)
+        values.append(value_var.value)
+        starts.append(start)
+      out = blocked_attention(query, keys_t, values, starts, mask, steps)
     else:
       key, value = key_proj(inputs_kv), value_proj(inputs_kv)
       query, key, value = (constrain(x, "batch", "length", "act_heads", "kv")

@@ -27,7 +27,7 @@ from transformer.data.batching import pad_rows
 from transformer.model import EOS_ID, PAD_ID, Transformer
 
 DECODE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)  # coarse: few shapes, padding is cheap here
-QUEUE_BATCHES = 8  # sentences per call, in batches: more waste less at the end of each queue
+QUEUE_BATCHES = 16  # sentences per call, in batches: the queue drains (wastes) once per call
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,10 +154,10 @@ def _batches(lengths: Sequence[int], tokens_per_batch: int, limit: int, multiple
 
 
 def _shape(count: int, rows: int) -> tuple[int, int]:
-  """(slots, queue length) for `count` sentences of a bucket whose batches hold `rows`: powers of
-  two (few shapes to compile), never more slots than sentences."""
+  """(slots, queue length) for `count` sentences of a bucket whose batches hold `rows`: never more
+  slots than sentences (a power of two), and the queue padded to whole batches only."""
   slots = min(rows, 1 << (count - 1).bit_length())
-  return slots, slots * (1 << (-(-count // slots) - 1).bit_length())
+  return slots, -(-count // slots) * slots
 
 
 def search_ids(models: Transformer | Sequence[Transformer], params: Any,
