@@ -130,6 +130,7 @@ def wmt_config(size: str, tfds_name: str, src_lang: str, tgt_lang: str, vocab_si
   c.data.eval_split = "validation"
   c.data.vocab_size = vocab_size
   c.data.tokens_per_batch = 25000
+  c.decode.tokens_per_batch = 4096    # accelerators want more sentences per decoding step than CPUs
   c.train.checkpoint_every = 10_000   # a floor; the paper's cadence is by time:
   c.train.checkpoint_minutes = 10.0
   c.train.keep_checkpoints = 20 if size == "big" else 5  # the paper averages the last 5 / 20.

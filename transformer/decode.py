@@ -95,8 +95,9 @@ class _Decoder:
   """One decoding step of an ensemble over `slots` sentences of a queue `src` [N, S].
 
   The encoder output and the encoder-decoder keys/values of all N sentences are computed once
-  (`cross`); each step gathers those of the sentences in the slots. The self-attention caches
-  ([slots, H, L * G, d] per layer) belong to the loop state.
+  (`cross`); a sentence's are copied into its slot when it starts (`load`). The caches of the
+  slots ([slots, ...] per layer: self-attention blocks and encoder-decoder keys/values) belong to
+  the loop state.
   """
 
   def __init__(self, models: Models, params: Any, src: jax.Array, decode_len: int, group: int,
@@ -113,31 +114,38 @@ class _Decoder:
       flat = traverse_util.flatten_dict(cache["cache"])
       self.cross.append({k: v for k, v in flat.items() if _is_cross(k)})
 
-  def _gather(self, i: int, sentence: jax.Array) -> dict:
-    """The source-side caches of model i for the sentences in the slots."""
-    def take(path, x):
-      return jnp.take(x, sentence, axis=1 if "layers" in path else 0, mode="clip")
-    return {k: take(k, v) for k, v in self.cross[i].items()}
-
-  def initial_caches(self) -> tuple:
-    """Zeroed self-attention caches of every model for `slots` sentences."""
+  def initial_caches(self, sentence: jax.Array) -> tuple:
+    """Every model's slot caches with the sentences `sentence` [slots] loaded, self-attention
+    zeroed."""
     caches = []
-    sentence = jnp.zeros((self.slots,), jnp.int32)
-    for i, (model, p) in enumerate(zip(self.models, self.params)):
-      cross = traverse_util.unflatten_dict(self._gather(i, sentence))
-      shapes = jax.eval_shape(lambda: self._apply(i, cross, sentence, jnp.zeros(
-          (self.slots, self.group), jnp.int32), jnp.zeros((self.slots,), jnp.int32), None)[1])
-      caches.append({k: jnp.zeros(v.shape, v.dtype)
-                     for k, v in traverse_util.flatten_dict(shapes).items() if not _is_cross(k)})
+    for i in range(len(self.models)):
+      cross = {k: jnp.take(v, sentence, axis=1 if "layers" in k else 0, mode="clip")
+               for k, v in self.cross[i].items()}
+      shapes = jax.eval_shape(lambda: self._apply(i, traverse_util.unflatten_dict(cross), sentence,
+                                                  jnp.zeros((self.slots, self.group), jnp.int32),
+                                                  jnp.zeros((self.slots,), jnp.int32), None)[1])
+      caches.append({**cross, **{k: jnp.zeros(v.shape, v.dtype) for k, v in
+                                 traverse_util.flatten_dict(shapes).items() if not _is_cross(k)}})
     return tuple(caches)
+
+  def load(self, caches: tuple, slot: jax.Array, sentence: jax.Array) -> tuple:
+    """Copies the encoder-decoder keys/values of `sentence` [F] into slots `slot` [F] (a slot
+    index of `slots` writes nothing)."""
+    def put(path, cached, everything):
+      if "layers" in path:
+        return cached.at[:, slot].set(jnp.take(everything, sentence, axis=1, mode="clip"),
+                                      mode="drop")
+      return cached.at[slot].set(jnp.take(everything, sentence, axis=0, mode="clip"), mode="drop")
+    return tuple({k: put(k, v, self.cross[i][k]) if _is_cross(k) else v for k, v in c.items()}
+                 for i, c in enumerate(caches))
 
   def _apply(self, i: int, cache: Any, sentence: jax.Array, tokens: jax.Array, step: jax.Array,
              mask: jax.Array | None):
     if mask is None:
       mask = jnp.ones((self.slots, 1, self.group, self.decode_len * self.group), bool)
-    encoded_src = jnp.take(self.src, sentence, axis=0, mode="clip")
+    slot_src = jnp.take(self.src, sentence, axis=0, mode="clip")  # for the source padding mask
     logits, mutated = self.models[i].apply(
-        {"params": self.params[i], "cache": cache}, None, encoded_src, tokens, decode=True,
+        {"params": self.params[i], "cache": cache}, None, slot_src, tokens, decode=True,
         decode_len=self.decode_len, step=step, self_mask=mask, mutable=["cache"],
         method=Transformer.decode)
     return logits, mutated["cache"]
@@ -147,11 +155,10 @@ class _Decoder:
     """Log-probabilities [slots, G, V] after `tokens` [slots, G] at positions `step` [slots]."""
     log_probs, new_caches = [], []
     for i in range(len(self.models)):
-      cache = traverse_util.unflatten_dict({**caches[i], **self._gather(i, sentence)})
-      logits, cache = self._apply(i, cache, sentence, tokens, step, mask)
+      logits, cache = self._apply(i, traverse_util.unflatten_dict(caches[i]), sentence, tokens,
+                                  step, mask)
       log_probs.append(jax.nn.log_softmax(logits.astype(jnp.float32)))
-      new_caches.append({k: v for k, v in traverse_util.flatten_dict(cache).items()
-                         if not _is_cross(k)})
+      new_caches.append(traverse_util.flatten_dict(cache))
     mean = log_probs[0] if len(log_probs) == 1 else jnp.mean(jnp.stack(log_probs), axis=0)
     return mean, tuple(new_caches)
 
@@ -183,14 +190,23 @@ def _run(search: Any, decoder: _Decoder, max_lengths: jax.Array, min_lengths: ja
   minimum = None if min_lengths is None else jnp.concatenate(
       [min_lengths, jnp.zeros((1,), min_lengths.dtype)])
 
+  # At most `arrivals` sentences start per step (more only when the loop starts), so loading
+  # their encoder-decoder keys/values costs a fraction of a full copy; a slot left free runs idle.
+  arrivals = max(1, slots // 2)
+
   def refill(state: _Slots) -> _Slots:
-    incoming = state.next + jnp.cumsum(state.free) - 1
-    sentence = jnp.where(state.free, jnp.where(incoming < count, incoming, total), state.sentence)
+    rank = jnp.cumsum(state.free) - 1
+    take = state.free & (rank < arrivals)
+    slot = jnp.nonzero(take, size=arrivals, fill_value=slots)[0]
+    arriving = state.next + jnp.arange(arrivals)
+    arriving = jnp.where((jnp.arange(arrivals) < take.sum()) & (arriving < count), arriving, total)
+    sentence = jnp.where(state.free, total, state.sentence).at[slot].set(arriving, mode="drop")
     fresh = search.fresh(slots)
     reset = lambda new, old: jnp.where(state.free.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
     return state.replace(sentence=sentence, step=jnp.where(state.free, 0, state.step),
-                         next=jnp.minimum(state.next + state.free.sum(), count),
-                         search=jax.tree.map(reset, fresh, state.search))
+                         next=jnp.minimum(state.next + take.sum(), count),
+                         search=jax.tree.map(reset, fresh, state.search),
+                         caches=decoder.load(state.caches, slot, arriving))
 
   def body(state: _Slots) -> _Slots:
     state = refill(state)
@@ -211,9 +227,11 @@ def _run(search: Any, decoder: _Decoder, max_lengths: jax.Array, min_lengths: ja
                          tokens=state.tokens.at[target].set(out_tokens),
                          scores=state.scores.at[target].set(out_scores))
 
-  state = _Slots(sentence=jnp.full((slots,), total, jnp.int32), step=jnp.zeros((slots,), jnp.int32),
-                 free=jnp.ones((slots,), bool), next=jnp.int32(0), done=jnp.int32(0),
-                 search=search.fresh(slots), caches=decoder.initial_caches(),
+  first = jnp.arange(slots)
+  first = jnp.where(first < count, first, total)
+  state = _Slots(sentence=first, step=jnp.zeros((slots,), jnp.int32),
+                 free=jnp.zeros((slots,), bool), next=jnp.minimum(count, slots),
+                 done=jnp.int32(0), search=search.fresh(slots), caches=decoder.initial_caches(first),
                  tokens=jnp.full((total + 1, nbest, length), PAD_ID, jnp.int32),
                  scores=jnp.full((total + 1, nbest), NEG_INF, jnp.float32))
   state = jax.lax.while_loop(lambda s: s.done < count, body, state)
