@@ -198,7 +198,7 @@ CASES = {
                                                        "--temperature=0"),
                                          "--temperature must be > 0, got 0", stdin=b"A dog.\n"),
     "sampling option without --sample": Case("translate", ("--workdir={run}", "--top_p=0.9"),
-                                             "--top_p only apply with --sample", stdin=b"A dog.\n"),
+                                             "--top_p applies only with --sample", stdin=b"A dog.\n"),
     "scoring targets of another line count": Case(
         "translate", ("--workdir={run}", "--score={tmp}/targets.de"),
         "2 source lines but 1 target lines", stdin=b"A dog.\nA cat.\n",

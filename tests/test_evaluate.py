@@ -33,8 +33,9 @@ def test_translate_keeps_order_and_handles_empty_and_long_lines(vocab, positiona
   params = init_params(model, scale=2.0)
   sentences = ["A dog runs on the beach.", "", "Two men are playing football in a big park "
                "while a woman with a red hat watches them from a bench.", "A girl.", "   "]
-  result = translate(model, params, vocab, sentences, SearchSettings(beam_size=1, max_extra_len=5),
-                     tokens_per_batch=64, max_source_len=20)
+  result = translate(model, params, vocab, sentences,
+                     SearchSettings(beam_size=1, max_extra_len=5, tokens_per_batch=64),
+                     max_source_len=20)
   hypotheses, stats = result.hypotheses, result.stats
   assert len(hypotheses) == 5 and hypotheses[1] == "" and hypotheses[4] == ""
   assert stats["truncated_sources"] == 1 and stats["sentences"] == 5
@@ -81,11 +82,11 @@ def test_nbest_lists_are_the_searchs_and_start_with_the_translation(trained):
   cfg, workdir = trained
   cfg, vocab, model, params, _ = load_model(workdir)
   sentences = sources.load_split(cfg.data, cfg.data.eval_split).source[:12]
-  settings = SearchSettings(beam_size=3, nbest=3, max_extra_len=5)
-  result = translate(model, params, vocab, sentences, settings, tokens_per_batch=48,
+  settings = SearchSettings(beam_size=3, nbest=3, max_extra_len=5, tokens_per_batch=48)
+  result = translate(model, params, vocab, sentences, settings, max_source_len=cfg.data.max_len)
+  single = translate(model, params, vocab, sentences,
+                     SearchSettings(beam_size=3, max_extra_len=5, tokens_per_batch=1000),
                      max_source_len=cfg.data.max_len)
-  single = translate(model, params, vocab, sentences, SearchSettings(beam_size=3, max_extra_len=5),
-                     tokens_per_batch=1000, max_source_len=cfg.data.max_len)
   assert result.hypotheses == single.hypotheses
   for sentence, nbest, best in zip(sentences, result.nbest, result.hypotheses):
     assert len(nbest) == 3 and nbest[0]["text"] == best
@@ -106,11 +107,12 @@ def test_samples_do_not_depend_on_batching(trained):
   cfg, vocab, model, params, _ = load_model(workdir)
   sentences = sources.load_split(cfg.data, cfg.data.eval_split).source[:10]
   settings = SearchSettings(sampling=True, top_k=20, seed=3, max_extra_len=5)
-  runs = [translate(model, params, vocab, sentences, settings, tokens_per_batch=n,
+  runs = [translate(model, params, vocab, sentences,
+                    dataclasses.replace(settings, tokens_per_batch=n),
                     max_source_len=cfg.data.max_len).hypotheses for n in (40, 1000)]
   assert runs[0] == runs[1]
   other_seed = translate(model, params, vocab, sentences, dataclasses.replace(settings, seed=4),
-                         tokens_per_batch=40, max_source_len=cfg.data.max_len).hypotheses
+                         max_source_len=cfg.data.max_len).hypotheses
   assert other_seed != runs[0]
 
 
@@ -131,9 +133,13 @@ def test_the_programs_write_nbest_lists_scores_samples_and_ensemble_reports(trai
                 f"--score={tmp_path / 'out.de'}")
   assert out.returncode == 0, out.stderr[-3000:]
   scores = [json.loads(line) for line in out.stdout.splitlines()]
-  for score, entry in zip(scores, lists):  # forced decoding of the search's own best output
-    assert score["tokens"] == entry["hypotheses"][0]["tokens"]
-    assert score["log_prob"] == pytest.approx(entry["hypotheses"][0]["log_prob"], abs=1e-3)
+  _, vocab, model, params, _ = load_model(workdir)
+  expected = translator.score(model, params, vocab, source.read_text().splitlines(), best,
+                              tokens_per_batch=1024, max_len=cfg.data.max_len)
+  assert len(scores) == 2
+  for score, reference in zip(scores, expected):
+    assert score["pieces"] == reference["pieces"] and score["tokens"] == len(score["pieces"])
+    assert score["log_prob"] == pytest.approx(reference["log_prob"], abs=1e-4)
   assert "mean NLL" in out.stderr
 
   samples = [run_cli("transformer.translate", f"--workdir={workdir}", f"--input_file={source}",

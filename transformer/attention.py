@@ -220,7 +220,6 @@ def visualize(workdir: str, source: str, target: str | None = None, step: int | 
   if target is None:
     target = translator.translate(model, params, vocab, [source],
                                   translator.SearchSettings.from_config(cfg),
-                                  tokens_per_batch=cfg.decode.tokens_per_batch,
                                   max_source_len=cfg.data.max_len).hypotheses[0]
     log.info("Translation by the checkpoint at step %d: %s", steps[-1], target)
     if not target.strip():

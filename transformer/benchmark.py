@@ -238,10 +238,8 @@ def benchmark_decode(cfg: ml_collections.ConfigDict, model: Transformer, params:
   for beam in beams:
     log.info("Decoding %d sentences with %s (%s)", len(src),
              "greedy search" if beam == 1 else f"beam {beam}", origin)
-    settings = translator.SearchSettings(beam_size=beam, alpha=cfg.decode.alpha,
-                                         max_extra_len=cfg.decode.max_extra_len)
-    outputs, stats = translator.search_ids(model, params, src, settings,
-                                           cfg.decode.tokens_per_batch, cfg.data.max_len,
+    settings = translator.SearchSettings.from_config(cfg, beam_size=beam)
+    outputs, stats = translator.search_ids(model, params, src, settings, cfg.data.max_len,
                                            output_lengths=lengths)
     assert [len(o[0][0]) for o in outputs] == lengths  # the work asked for was done
     result.update({f"decode_beam{beam}_sentences_per_sec": stats["sentences_per_sec"],

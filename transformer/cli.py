@@ -82,6 +82,9 @@ def define_search_flags(sampling: bool = False) -> None:
                        "their scores, as JSON lines (N <= beam size).")
   flags.DEFINE_list("ensemble", [], "More workdirs decoded together with --workdir (same "
                     "vocabulary): their log-probabilities are averaged at every step.")
+  flags.DEFINE_integer("tokens_per_batch", None, "Source tokens per decoding batch: how many "
+                       "sentences are decoded at a time (default: config.decode.tokens_per_batch; "
+                       "1024 suits a CPU, runs trained before it was the default store 4096).")
   if sampling:
     flags.DEFINE_bool("sample", False, "Sample translations instead of searching (e.g. for "
                       "back-translation): one per sentence, reproducible from --seed.")
@@ -95,14 +98,16 @@ def define_search_flags(sampling: bool = False) -> None:
 def search_overrides() -> dict:
   """The search flags that were given, as SearchSettings fields (None where not given)."""
   f = flags.FLAGS
-  names = ["beam_size", "alpha", "max_extra_len", "nbest", "temperature", "top_k", "top_p", "seed"]
+  names = ["beam_size", "alpha", "max_extra_len", "nbest", "temperature", "top_k", "top_p", "seed",
+           "tokens_per_batch"]
   overrides = {name: f[name].value for name in names if name in f}
   if "sample" in f:
     overrides["sampling"] = f.sample
     given = [f"--{n}" for n in ("temperature", "top_k", "top_p", "seed") if overrides[n] is not None]
     if given and not f.sample:
       from transformer.config import ConfigError
-      raise ConfigError(f"{', '.join(given)} only apply with --sample; add --sample or drop them")
+      verb = "applies" if len(given) == 1 else "apply"
+      raise ConfigError(f"{', '.join(given)} {verb} only with --sample; add --sample or drop it")
   return overrides
 
 

@@ -125,7 +125,6 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
            ", ".join(f"{k} {v}" for k, v in settings.describe().items()))
   t = time.time()
   result = translator.translate(models, params, vocab, text.source, settings,
-                                tokens_per_batch=cfg.decode.tokens_per_batch,
                                 max_source_len=cfg.data.max_len, compiled_cache=compiled_cache)
   hypotheses, stats = result.hypotheses, result.stats
   if stats["truncated_sources"]:

@@ -83,7 +83,7 @@ def main(argv: list[str]) -> None:
                                                       FLAGS.average_last)
     if targets is not None:
       scores = translator.score(models, params, vocab, sentences, targets,
-                                tokens_per_batch=cfg.decode.tokens_per_batch,
+                                tokens_per_batch=settings.tokens_per_batch,
                                 max_len=cfg.data.max_len)
       write_output([json.dumps(s, ensure_ascii=False) for s in scores], FLAGS.output_file)
       tokens = sum(s["tokens"] for s in scores)
@@ -91,7 +91,6 @@ def main(argv: list[str]) -> None:
                len(scores), steps[-1], -sum(s["log_prob"] for s in scores) / tokens, tokens)
       return
     result = translator.translate(models, params, vocab, sentences, settings,
-                                  tokens_per_batch=cfg.decode.tokens_per_batch,
                                   max_source_len=cfg.data.max_len)
     stats = result.stats
     if stats["truncated_sources"]:

@@ -42,12 +42,14 @@ class SearchSettings:
   top_k: int = 0
   top_p: float = 1.0
   seed: int = 0
+  tokens_per_batch: int = 1024  # source tokens per batch: the slots (decode.py) of a length bucket
 
   @classmethod
   def from_config(cls, cfg: ml_collections.ConfigDict, **overrides: Any) -> SearchSettings:
     """The config's decode settings with the flags that were given (None = not given), checked."""
     settings = cls(beam_size=cfg.decode.beam_size, alpha=cfg.decode.alpha,
-                   max_extra_len=cfg.decode.max_extra_len)
+                   max_extra_len=cfg.decode.max_extra_len,
+                   tokens_per_batch=cfg.decode.tokens_per_batch)
     settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
     settings.check()
     return settings
@@ -72,6 +74,8 @@ class SearchSettings:
       raise ConfigError(f"--top_k must be >= 0 (0 = no limit), got {self.top_k}")
     if not 0 < self.top_p <= 1:
       raise ConfigError(f"--top_p must be in (0, 1], got {self.top_p:g}")
+    if self.tokens_per_batch < 1:
+      raise ConfigError(f"--tokens_per_batch must be >= 1, got {self.tokens_per_batch}")
 
   def describe(self) -> dict[str, Any]:
     """The settings that matter for this search (for reports and metrics)."""
@@ -149,7 +153,9 @@ def _batches(lengths: Sequence[int], tokens_per_batch: int, limit: int, multiple
   for length, members in groups.items():
     rows = max(multiple, tokens_per_batch // length // multiple * multiple)
     size = rows * queue_batches
-    batches += [(length, rows, members[s:s + size]) for s in range(0, len(members), size)]
+    # Longest first within a queue: the sentences left when the queue runs dry are short ones, so
+    # the slots idle for fewer steps at the end (the order of results is unaffected).
+    batches += [(length, rows, members[s:s + size][::-1]) for s in range(0, len(members), size)]
   return batches
 
 
@@ -161,8 +167,8 @@ def _shape(count: int, rows: int) -> tuple[int, int]:
 
 
 def search_ids(models: Transformer | Sequence[Transformer], params: Any,
-               ids: Sequence[Sequence[int]], settings: SearchSettings, tokens_per_batch: int,
-               max_source_len: int, compiled_cache: dict | None = None,
+               ids: Sequence[Sequence[int]], settings: SearchSettings, max_source_len: int,
+               compiled_cache: dict | None = None,
                output_lengths: Sequence[int] | None = None
                ) -> tuple[list[list[tuple[list[int], float, float]]], dict[str, Any]]:
   """The search on token ids (EOS-terminated; [] = nothing to translate): per sentence, its
@@ -178,7 +184,7 @@ def search_ids(models: Transformer | Sequence[Transformer], params: Any,
   max_output = min(learned) if learned else None
   results: list[list[tuple[list[int], float, float]]] = [[] for _ in ids]
   compile_time, decode_time, generated = 0.0, 0.0, 0
-  batches = _batches([len(i) for i in ids], tokens_per_batch, max_source_len, mesh.size,
+  batches = _batches([len(i) for i in ids], settings.tokens_per_batch, max_source_len, mesh.size,
                      QUEUE_BATCHES)
   with progress.Progress("translating", sum(len(b[2]) for b in batches), "sentences",
                          line_seconds=10.0) as bar:
@@ -217,13 +223,13 @@ def search_ids(models: Transformer | Sequence[Transformer], params: Any,
            "sentences_per_sec": len(ids) / decode_time if decode_time else float("nan"),
            "target_tokens": generated,
            "target_tokens_per_sec": generated / decode_time if decode_time else float("nan"),
-           "models": len(models)}
+           "models": len(models), "tokens_per_batch": settings.tokens_per_batch}
   return results, stats
 
 
 def translate(models: Transformer | Sequence[Transformer], params: Any,
               vocab: spm.SentencePieceProcessor, sentences: Sequence[str],
-              settings: SearchSettings, tokens_per_batch: int, max_source_len: int,
+              settings: SearchSettings, max_source_len: int,
               compiled_cache: dict | None = None) -> Translations:
   """Translates `sentences` (order kept) with one model or an ensemble (a sequence of models and
   one of their parameters, sharing `vocab`).
@@ -234,8 +240,7 @@ def translate(models: Transformer | Sequence[Transformer], params: Any,
   batch it lands in).
   """
   ids, truncated = _source_ids(vocab, sentences, max_source_len)
-  results, stats = search_ids(models, params, ids, settings, tokens_per_batch, max_source_len,
-                              compiled_cache)
+  results, stats = search_ids(models, params, ids, settings, max_source_len, compiled_cache)
   nbest = [[{"text": vocab.decode(tokens[:-1] if tokens[-1:] == [EOS_ID] else tokens),
              "score": score, "log_prob": log_prob, "tokens": len(tokens)}
             for tokens, score, log_prob in hypotheses] for hypotheses in results]
