@@ -229,11 +229,11 @@ class MultiHeadAttention(nn.Module):
 
   `cache` selects decoding behaviour: None (full sequences), 'self' (inputs are [B, G, D]: one new
   position `step` (one for all, or [B]) for each of G hypotheses per sentence; their keys and values
-  are written into a cache of `decode_len` positions x G slots, and `mask` [B, 1, G, decode_len * G]
-  says which slots each hypothesis reads), 'cross' (keys and values of the encoder output are
-  projected on the first call and reused). Applied with the 'intermediates' collection mutable, it also records its
-  attention weights [B,H,T,S] there ('attention_weights', read by attention.py's maps); otherwise
-  that costs nothing.
+  are written into a cache of `decode_len` positions x G slots, kept in blocks (`cache_blocks`), and
+  `mask` [B, 1, G, decode_len * G] says which slots each hypothesis reads), 'cross' (keys and values
+  of the encoder output are projected on the first call and reused). Applied with the
+  'intermediates' collection mutable, outside decoding, it also records its attention weights
+  [B,H,T,S] there ('attention_weights', read by attention.py's maps); otherwise that costs nothing.
   """
   config: ModelConfig
 
