@@ -14,6 +14,7 @@ from transformer import decode
 from transformer.model import BOS_ID, EOS_ID, PAD_ID, Transformer
 
 VOCAB = 12
+SLOW = pytest.mark.slow  # more cases of a kind the default run covers once (pytest -m slow)
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +66,10 @@ def as_lists(tokens):
   return [tuple(int(t) for t in row if t != PAD_ID) for row in np.asarray(tokens)]
 
 
-@pytest.mark.parametrize("beam,alpha,slots", [(4, 0.6, None), (3, 0.0, None), (4, 1.0, 2),
-                                              (2, 0.6, 1), (1, 0.6, 3)])
+@pytest.mark.parametrize("beam,alpha,slots", [(4, 0.6, None), (2, 0.6, 1),
+                                              pytest.param(3, 0.0, None, marks=SLOW),
+                                              pytest.param(4, 1.0, 2, marks=SLOW),
+                                              pytest.param(1, 0.6, 3, marks=SLOW)])
 def test_beam_search_returns_what_the_reference_search_returns(setup, beam, alpha, slots):
   model, params, src = setup
   limits = np.array([9, 7, 5, 8])
@@ -136,7 +139,7 @@ def reference_greedy(model, params, src_row, limit):
   return seq
 
 
-@pytest.mark.parametrize("slots", [None, 1, 3])
+@pytest.mark.parametrize("slots", [3, pytest.param(None, marks=SLOW), pytest.param(1, marks=SLOW)])
 def test_greedy_is_the_argmax_path_and_a_beam_of_one_without_penalty(setup, slots):
   model, params, src = setup
   limits = jnp.array([9, 7, 2, 8])
@@ -186,7 +189,8 @@ def test_sampling_limits_that_leave_one_token_are_greedy(setup, options):
   np.testing.assert_array_equal(tokens, decode.greedy_search(model, params, src, limits, 10)[0])
 
 
-@pytest.mark.parametrize("options", [{}, {"temperature": 2.0}, {"top_k": 3}, {"top_p": 0.6}])
+@pytest.mark.parametrize("options", [{"top_p": 0.6}, pytest.param({"temperature": 2.0}, marks=SLOW),
+                                     pytest.param({"top_k": 3}, marks=SLOW)])
 def test_sampled_first_tokens_follow_the_filtered_distribution(setup, options):
   model, params, src = setup
   n = 3000
