@@ -50,11 +50,16 @@ def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
   return ((5.0 + length.astype(jnp.float32)) / 6.0) ** alpha
 
 
-def _ensemble(models: Models, params: Any) -> tuple[tuple[Transformer, ...], tuple[Any, ...]]:
+def as_ensemble(models: Models, params: Any) -> tuple[tuple[Transformer, ...], tuple[Any, ...]]:
   """(models, params) as equal-length tuples: one model is an ensemble of one."""
   if isinstance(models, Transformer):
     return (models,), (params,)
   return tuple(models), tuple(params)
+
+
+def _mean(log_probs: list[jax.Array]) -> jax.Array:
+  """The ensemble's log-probabilities: the members' mean (one member's, untouched)."""
+  return log_probs[0] if len(log_probs) == 1 else jnp.mean(jnp.stack(log_probs), axis=0)
 
 
 def history_mask(origin: jax.Array, step: jax.Array) -> jax.Array:
@@ -102,7 +107,7 @@ class _Decoder:
 
   def __init__(self, models: Models, params: Any, src: jax.Array, decode_len: int, group: int,
                slots: int):
-    self.models, self.params = _ensemble(models, params)
+    self.models, self.params = as_ensemble(models, params)
     self.src, self.decode_len, self.group, self.slots = src, decode_len, group, slots
     self.cross = []  # per model: flat {path: [N, ...]} (scanned layers: [layers, N, ...])
     for model, p in zip(self.models, self.params):
@@ -159,8 +164,7 @@ class _Decoder:
                                   step, mask)
       log_probs.append(jax.nn.log_softmax(logits.astype(jnp.float32)))
       new_caches.append(traverse_util.flatten_dict(cache))
-    mean = log_probs[0] if len(log_probs) == 1 else jnp.mean(jnp.stack(log_probs), axis=0)
-    return mean, tuple(new_caches)
+    return _mean(log_probs), tuple(new_caches)
 
 
 # ----------------------------------------------------------------------------- the slot loop
@@ -173,7 +177,7 @@ class _Slots:
   next: jax.Array      # queue index of the next sentence to start
   done: jax.Array      # sentences written out
   search: Any          # the search's per-slot state
-  caches: tuple        # self-attention caches of every model
+  caches: tuple        # every model's slot caches (self-attention blocks, encoder-decoder keys)
   tokens: jax.Array    # [N + 1, n, L] results (row N takes the writes of empty slots)
   scores: jax.Array    # [N + 1, n]
 
@@ -420,8 +424,8 @@ def forced_log_probs(models: Models, params: Any, src: jax.Array, tgt: jax.Array
   ensemble's mean log-probabilities as in the searches. Their sum scores a sentence for rescoring;
   the mean over non-padding tokens is the teacher-forced NLL that training's evaluation reports."""
   log_probs = []
-  for model, p in zip(*_ensemble(models, params)):
+  for model, p in zip(*as_ensemble(models, params)):
     logits = model.apply({"params": p}, src, shift_right(tgt))
     log_probs.append(jax.nn.log_softmax(logits.astype(jnp.float32)))
-  mean = log_probs[0] if len(log_probs) == 1 else jnp.mean(jnp.stack(log_probs), axis=0)
+  mean = _mean(log_probs)
   return jnp.where(tgt != PAD_ID, jnp.take_along_axis(mean, tgt[..., None], -1)[..., 0], 0.0)

@@ -119,12 +119,6 @@ def _search_fn(models: Sequence[Transformer], settings: SearchSettings, decode_l
   return fn
 
 
-def _as_tuple(models: Transformer | Sequence[Transformer], params: Any) -> tuple[tuple, tuple]:
-  if isinstance(models, Transformer):
-    return (models,), (params,)
-  return tuple(models), tuple(params)
-
-
 def _source_ids(vocab: spm.SentencePieceProcessor, sentences: Sequence[str], max_source_len: int
                 ) -> tuple[list[list[int]], int]:
   """Token ids with EOS ([] for an empty line) and how many were truncated to max_source_len."""
@@ -177,7 +171,7 @@ def search_ids(models: Transformer | Sequence[Transformer], params: Any,
   `output_lengths` makes every hypothesis exactly that long (EOS forbidden before, forced there):
   the benchmark's way to do realistic work with untrained parameters.
   """
-  models, params = _as_tuple(models, params)
+  models, params = decode.as_ensemble(models, params)
   compiled_cache = {} if compiled_cache is None else compiled_cache
   mesh = partitioning.data_mesh()
   learned = [m.config.max_len for m in models if m.config.positional == "learned"]
@@ -260,7 +254,7 @@ def score(models: Transformer | Sequence[Transformer], params: Any,
   its tokens (EOS included), as training computes them. Returns per pair: log_prob, tokens,
   token_log_probs, pieces. A side longer than `max_len` tokens or an empty target is an error (a
   truncated target would get the score of another sentence)."""
-  models, params = _as_tuple(models, params)
+  models, params = decode.as_ensemble(models, params)
   if len(sources) != len(targets):
     raise ConfigError(f"{len(sources)} source lines but {len(targets)} target lines; give one "
                       "target per source")
