@@ -59,6 +59,27 @@ def test_label_smoothed_loss_against_hand_computation():
   assert float(sums["correct"]) == 0  # argmaxes are 3 and 2; targets 2 and 3
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.3])
+def test_hand_written_loss_gradient_matches_autodiff_of_log_softmax(smoothing, rng):
+  """loss_sums' gradient is written by hand (p - q); it must equal autodiff of the textbook formula,
+  for the smoothed loss and the NLL together, with padding positions contributing nothing."""
+  logits = jnp.asarray(rng.normal(size=(3, 7, 50)) * 3, jnp.float32)
+  targets = jnp.asarray(rng.integers(0, 50, (3, 7)))  # id 0 (padding) occurs too
+
+  def textbook(x):
+    log_probs = jax.nn.log_softmax(x, axis=-1)
+    target = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    off = smoothing / 49
+    weights = (targets != 0).astype(jnp.float32)
+    smoothed = -((1 - smoothing - off) * target + off * log_probs.sum(-1))
+    return 0.7 * (smoothed * weights).sum() + 1.3 * (-target * weights).sum()
+
+  ours = lambda x: (lambda s: 0.7 * s["loss"] + 1.3 * s["nll"])(loss_sums(x, targets, smoothing))
+  assert float(ours(logits)) == pytest.approx(float(textbook(logits)), rel=1e-6)
+  np.testing.assert_allclose(jax.grad(ours)(logits), jax.grad(textbook)(logits), atol=1e-6)
+  assert not np.any(jax.grad(ours)(logits)[np.asarray(targets) == 0])
+
+
 def test_train_step_follows_the_gradient_of_the_mean_token_loss(rng):
   """With SGD(1) the update is minus the gradient, checked against the objective written directly
   (Adam's first step is ~lr * sign(g): float noise in near-zero gradients would flip signs)."""

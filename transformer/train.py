@@ -89,16 +89,52 @@ def loss_sums(logits: jax.Array, targets: jax.Array, smoothing: float) -> dict[s
 
   'loss' is label-smoothed cross-entropy: the true class gets probability 1 - smoothing and the
   smoothing mass is spread evenly over the other V - 1 classes. 'nll' is the plain negative
-  log-likelihood (for perplexity), 'correct' counts argmax hits, 'tokens' counts real tokens.
+  log-likelihood (for perplexity), 'correct' counts tokens whose target has the largest logit,
+  'tokens' counts real tokens. The gradient is written by hand (`_token_losses`): autodiff of a
+  log-softmax over the vocabulary made the largest single op of a CPU step.
   """
-  vocab_size = logits.shape[-1]
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  target_log_prob = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-  off = smoothing / (vocab_size - 1)
-  smoothed = -((1.0 - smoothing - off) * target_log_prob + off * log_probs.sum(axis=-1))
   weights = (targets != PAD_ID).astype(jnp.float32)
-  return {"loss": (smoothed * weights).sum(), "nll": (-target_log_prob * weights).sum(),
-          "correct": ((logits.argmax(-1) == targets) * weights).sum(), "tokens": weights.sum()}
+  loss, nll, correct = _token_losses(logits.astype(jnp.float32), targets, smoothing)
+  return {"loss": (loss * weights).sum(), "nll": (nll * weights).sum(),
+          "correct": (correct * weights).sum(), "tokens": weights.sum()}
+
+
+def _smoothed_target(vocab_size: int, smoothing: float) -> tuple[float, float]:
+  """(probability of the target, probability of each other word) of the smoothed distribution."""
+  return 1.0 - smoothing, smoothing / (vocab_size - 1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _token_losses(logits: jax.Array, targets: jax.Array, smoothing: float):
+  """Per token: smoothed cross-entropy, NLL and 1.0 where the target's logit is the largest."""
+  return _token_losses_fwd(logits, targets, smoothing)[0]
+
+
+def _token_losses_fwd(logits, targets, smoothing):
+  top = logits.max(axis=-1)
+  log_z = jnp.log(jnp.exp(logits - top[..., None]).sum(axis=-1)) + top
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  on, off = _smoothed_target(logits.shape[-1], smoothing)
+  nll = log_z - target_logit
+  # -sum_v q_v log p_v with q = off everywhere, plus (on - off) at the target.
+  loss = (on - off) * nll + off * (logits.shape[-1] * log_z - logits.sum(axis=-1))
+  correct = (target_logit >= top).astype(jnp.float32)
+  return (loss, nll, correct), (logits, log_z, targets)
+
+
+def _token_losses_bwd(smoothing, residuals, cotangents):
+  """d loss / d logits = p - q (q the smoothed target distribution); d nll / d logits = p - onehot."""
+  logits, log_z, targets = residuals
+  d_loss, d_nll, _ = cotangents
+  on, off = _smoothed_target(logits.shape[-1], smoothing)
+  p = jnp.exp(logits - log_z[..., None])
+  is_target = jnp.arange(logits.shape[-1]) == targets[..., None]
+  grad = ((d_loss + d_nll)[..., None] * p - (d_loss * off)[..., None]
+          - jnp.where(is_target, (d_loss * (on - off) + d_nll)[..., None], 0.0))
+  return grad, None
+
+
+_token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)
 
 
 # -------------------------------------------------------------------------------------- the steps
