@@ -53,16 +53,20 @@ def test_translate_keeps_order_and_handles_empty_and_long_lines(vocab, positiona
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-  """A tiny finished run: (config, workdir)."""
+  """A tiny finished run that keeps a moving average of its parameters: (config, workdir)."""
   tmp = tmp_path_factory.mktemp("trained")
   cfg = tiny_run_config(tmp)
+  cfg.train.ema_decay = 0.9
   train_and_evaluate(cfg, str(tmp / "run"))
   return cfg, tmp / "run"
 
 
-def test_mean_forced_nll_on_the_dev_set_is_trainings_dev_loss(trained):
+@pytest.mark.parametrize("ema", [True, False])
+def test_mean_forced_nll_on_the_dev_set_is_trainings_dev_loss(trained, ema):
+  """The moving average's (loaded by default) and the raw parameters' forced NLL equal the dev
+  losses training logged for each: the programs load the parameters training evaluated."""
   cfg, workdir = trained
-  cfg, vocab, model, params, steps = load_model(workdir)
+  cfg, vocab, model, params, steps = load_model(workdir, ema=ema)
   text = sources.load_split(cfg.data, cfg.data.eval_split)
   pairs = [(s, t) for s, t in zip(text.source, text.target)  # training's eval keeps these pairs
            if max(len(vocab.encode(s)), len(vocab.encode(t))) + 1 <= cfg.data.max_len]
@@ -71,7 +75,8 @@ def test_mean_forced_nll_on_the_dev_set_is_trainings_dev_loss(trained):
   nll = -sum(s["log_prob"] for s in scores) / sum(s["tokens"] for s in scores)
   dev = [r for r in read_metrics(workdir, "eval") if r["step"] == steps[-1]][0]
   assert sum(s["tokens"] for s in scores) == dev["tokens"]
-  assert nll == pytest.approx(dev["nll"], rel=1e-4)
+  assert nll == pytest.approx(dev["ema_nll" if ema else "nll"], rel=1e-4)
+  assert abs(dev["ema_nll"] - dev["nll"]) > 1e-3  # the two are different models
   first = scores[0]
   assert len(first["token_log_probs"]) == len(first["pieces"]) == first["tokens"]
   assert first["pieces"][-1] == "</s>" and first["log_prob"] == pytest.approx(
@@ -150,9 +155,14 @@ def test_the_programs_write_nbest_lists_scores_samples_and_ensemble_reports(trai
                 "--beam_size=2", "--nbest=2")
   assert out.returncode == 0, out.stderr[-3000:]
   assert "ensemble of 2 runs" in out.stdout and "chrF" in out.stdout
-  report = json.loads((workdir / "eval" / "validation_step6_ens2.json").read_text())
+  assert "(moving average of the parameters)" in out.stdout
+  report = json.loads((workdir / "eval" / "validation_step6_ens2_ema.json").read_text())
+  raw = json.loads((workdir / "eval" / "validation_step6_ens2.json").read_text())
+  assert report["ema"] and not raw["ema"]
+  assert f"without the moving average (the checkpoint's own parameters): sacreBLEU " \
+         f"{raw['sacrebleu']['bleu']:.2f}" in out.stdout
   single = evaluate(str(workdir), beam_size=2)  # the same model twice decodes as the model
   assert report["sacrebleu"]["bleu"] == pytest.approx(single["sacrebleu"]["bleu"])
   assert report["chrf"]["chrf"] == pytest.approx(single["chrf"]["chrf"])
-  nbest = (workdir / "eval" / "validation_step6_ens2.nbest.jsonl").read_text().splitlines()
+  nbest = (workdir / "eval" / "validation_step6_ens2_ema.nbest.jsonl").read_text().splitlines()
   assert len(nbest) == 40 and len(json.loads(nbest[0])["hypotheses"]) == 2

@@ -14,6 +14,7 @@ from transformer.config import base_config
 from transformer.model import Transformer, shift_right
 from transformer.train import (
   TrainState,
+  ema_decay_at,
   forward,
   learning_rate_schedule,
   loss_sums,
@@ -100,6 +101,30 @@ def test_train_step_follows_the_gradient_of_the_mean_token_loss(rng):
                          jax.tree.leaves(grads)):
     np.testing.assert_allclose(old - new, g, atol=1e-6)
   assert float(sums["grad_norm"]) == pytest.approx(float(optax.tree.norm(grads)), rel=1e-5)
+
+
+def test_moving_average_follows_the_applied_updates(rng):
+  """ema' = d * ema + (1 - d) * params' with d = min(decay, (1 + step) / (10 + step)); a skipped
+  (non-finite) update leaves it as it was."""
+  model = Transformer(tiny_model_config())
+  params = init_params(model)
+  state = TrainState.create(apply_fn=model.apply, params=params, tx=optax.sgd(0.1),
+                            ema_params=params)
+  batch = {"src": random_tokens(rng, 3, 5, 24), "tgt": random_tokens(rng, 3, 6, 24)}
+  step = jax.jit(functools.partial(train_step, smoothing=0.1, ema_decay=0.99, skip_nonfinite=True))
+  averages = [params]
+  for _ in range(3):
+    state, _ = step(state, batch, jax.random.PRNGKey(0))
+    d = min(0.99, (1 + int(state.step)) / (10 + int(state.step)))  # 2/11, 3/12, 4/13
+    averages.append(jax.tree.map(lambda a, p, d=d: d * a + (1 - d) * p, averages[-1], state.params))
+    for got, want in zip(jax.tree.leaves(state.ema_params), jax.tree.leaves(averages[-1])):
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+  nan_batch_state = state.replace(params=jax.tree.map(lambda x: x * jnp.nan, state.params))
+  skipped, sums = step(nan_batch_state, batch, jax.random.PRNGKey(0))
+  assert float(sums["finite"]) == 0
+  for got, want in zip(jax.tree.leaves(skipped.ema_params), jax.tree.leaves(state.ema_params)):
+    np.testing.assert_array_equal(got, want)
+  assert float(ema_decay_at(10_000, 0.999)) == pytest.approx(0.999)
 
 
 def test_train_step_applies_adam_on_the_paper_schedule(rng):

@@ -45,9 +45,11 @@ def average_checkpoints(workdir: str, last: int, output: str, step: int | None =
   abstract = abstract_train_state(cfg, model, partitioning.replicated(partitioning.data_mesh()))
   source = checkpoints.manager(workdir, read_only=True)
   steps = checkpoints.last_steps(source, last, up_to=step)
-  params = checkpoints.average_params(source, abstract, steps)
+  params = checkpoints.average_params(source, abstract, steps, ema=False)
   state, data_state = checkpoints.restore(source, abstract, steps[-1], with_data=True)
   state = state.replace(params=params)
+  if state.ema_params is not None:
+    state = state.replace(ema_params=checkpoints.average_params(source, abstract, steps))
   output.mkdir(parents=True, exist_ok=True)
   for name in (checkpoints.CONFIG_FILE, vocab_lib.VOCAB_FILE):
     shutil.copyfile(workdir / name, output / name)

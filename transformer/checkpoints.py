@@ -257,15 +257,23 @@ def last_steps(mngr: ocp.CheckpointManager, count: int, up_to: int | None = None
   return steps[-count:]
 
 
-def average_params(mngr: ocp.CheckpointManager, abstract_state: Any, steps: list[int]) -> Any:
-  """The arithmetic mean (float32) of the parameters of checkpoints `steps`.
+def params_of(state: Any, ema: bool = True) -> Any:
+  """A restored train state's parameters: their moving average if `ema` and the run keeps one
+  (config.train.ema_decay > 0), else the raw ones."""
+  average = getattr(state, "ema_params", None)
+  return average if ema and average is not None else state.params
+
+
+def average_params(mngr: ocp.CheckpointManager, abstract_state: Any, steps: list[int],
+                   ema: bool = True) -> Any:
+  """The arithmetic mean (float32) of the parameters (`params_of`) of checkpoints `steps`.
 
   Restores one checkpoint at a time into a running sum, so memory holds the sum and one train
   state, never N of them.
   """
   total = None
   for step in steps:
-    params = restore(mngr, abstract_state, step).params
+    params = params_of(restore(mngr, abstract_state, step), ema)
     params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
     total = params if total is None else jax.tree.map(jnp.add, total, params)
     del params

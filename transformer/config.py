@@ -87,6 +87,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.adam_b2 = 0.98
   c.train.adam_eps = 1e-9
   c.train.label_smoothing = 0.1
+  c.train.ema_decay = 0.0           # > 0: also keep a moving average of the parameters (evaluated
+                                    # by default); the paper averaged checkpoints instead.
   c.train.grad_accum_steps = 1      # split each batch into this many micro-batches (same update).
   c.train.dropout_rng = "threefry2x32"  # JAX's default; 'unsafe_rbg' makes dropout ~2x cheaper on CPU.
   c.train.log_every = 100
@@ -209,7 +211,7 @@ def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     section, name = key.split(".")
     if not isinstance(cfg[section][name], (int, float)) or cfg[section][name] <= 0:
       raise ConfigError(f"config.{key} must be a positive number, got {cfg[section][name]!r}")
-  for key in ("train.adam_b1", "train.adam_b2"):
+  for key in ("train.adam_b1", "train.adam_b2", "train.ema_decay"):
     _probability(cfg, key)
   if cfg.decode.alpha < 0:
     raise ConfigError(f"config.decode.alpha must be >= 0, got {cfg.decode.alpha!r}")

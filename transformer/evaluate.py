@@ -39,11 +39,12 @@ log = logging.getLogger("transformer")
 FLAGS = flags.FLAGS
 
 
-def load_model(workdir: str | Path, step: int | None = None, average_last: int = 1
-               ) -> tuple[ml_collections.ConfigDict, spm.SentencePieceProcessor, Transformer, Any,
-                          list[int]]:
+def load_model(workdir: str | Path, step: int | None = None, average_last: int = 1,
+               ema: bool = True) -> tuple[ml_collections.ConfigDict, spm.SentencePieceProcessor,
+                                          Transformer, Any, list[int]]:
   """(config, vocabulary, model, parameters, steps) of a training workdir's checkpoint, or the mean
-  parameters of its last `average_last` checkpoints (up to `step` if given)."""
+  parameters of its last `average_last` checkpoints (up to `step` if given). The parameters are
+  their moving average where the run keeps one and `ema` is true (checkpoints.params_of)."""
   cfg = checkpoints.load_run_config(workdir)
   vocab = vocab_lib.load_run_vocab(workdir, cfg.data)
   model = Transformer(ModelConfig.from_config(cfg.model, vocab.get_piece_size()))
@@ -52,22 +53,22 @@ def load_model(workdir: str | Path, step: int | None = None, average_last: int =
   abstract = abstract_train_state(cfg, model, partitioning.replicated(mesh))
   if average_last == 1:
     state = checkpoints.restore(mngr, abstract, step)
-    return cfg, vocab, model, state.params, [int(state.step)]
+    return cfg, vocab, model, checkpoints.params_of(state, ema), [int(state.step)]
   steps = checkpoints.last_steps(mngr, average_last, up_to=step)
   log.info("Averaging the parameters of the checkpoints at steps %s", ", ".join(map(str, steps)))
-  return cfg, vocab, model, checkpoints.average_params(mngr, abstract, steps), steps
+  return cfg, vocab, model, checkpoints.average_params(mngr, abstract, steps, ema), steps
 
 
 def load_ensemble(workdir: str, ensemble: Sequence[str] = (), step: int | None = None,
-                  average_last: int = 1) -> tuple[ml_collections.ConfigDict,
+                  average_last: int = 1, ema: bool = True) -> tuple[ml_collections.ConfigDict,
                                                   spm.SentencePieceProcessor, tuple, tuple, list[int]]:
   """load_model for `workdir` and every workdir of `ensemble` (same step and averaging for each):
   (config and vocabulary of `workdir`, models, parameters, steps of `workdir`). Members must share
   the vocabulary, or their log-probabilities could not be averaged."""
-  cfg, vocab, model, params, steps = load_model(workdir, step, average_last)
+  cfg, vocab, model, params, steps = load_model(workdir, step, average_last, ema)
   models, all_params = [model], [params]
   for member in ensemble:
-    _, member_vocab, member_model, member_params, _ = load_model(member, step, average_last)
+    _, member_vocab, member_model, member_params, _ = load_model(member, step, average_last, ema)
     if member_vocab.serialized_model_proto() != vocab.serialized_model_proto():
       raise ConfigError(f"--ensemble: {member} has a different vocabulary from {workdir} "
                         f"({member_vocab.get_piece_size()} vs {vocab.get_piece_size()} pieces, or "
@@ -83,11 +84,11 @@ def test_set_name(split: str | None, source_file: str | None) -> str:
 
 
 def report_path(workdir: str | Path, test_set: str, step: int, averaged: int = 1,
-                ensemble: int = 1) -> Path:
-  """WORKDIR/eval/<test set>_step<N>[_avg<K>][_ens<M>].json; the hypotheses sit beside it as
+                ensemble: int = 1, ema: bool = False) -> Path:
+  """WORKDIR/eval/<test set>_step<N>[_avg<K>][_ens<M>][_ema].json; the hypotheses sit beside it as
   .hyp.txt (and the n-best lists as .nbest.jsonl)."""
   stem = (f"{test_set}_step{step}" + (f"_avg{averaged}" if averaged > 1 else "")
-          + (f"_ens{ensemble}" if ensemble > 1 else ""))
+          + (f"_ens{ensemble}" if ensemble > 1 else "") + ("_ema" if ema else ""))
   return Path(workdir) / "eval" / f"{stem}.json"
 
 
@@ -101,11 +102,15 @@ def nbest_lines(sources: Sequence[str], translations: translator.Translations) -
 def evaluate(workdir: str, step: int | None = None, split: str | None = None,
              source_file: str | None = None, reference_file: str | None = None,
              average_last: int = 1, ensemble: Sequence[str] = (),
-             compiled_cache: dict | None = None, **search: Any) -> dict[str, Any]:
+             compiled_cache: dict | None = None, ema: bool = True, **search: Any
+             ) -> dict[str, Any]:
   """Translates an evaluation set with a checkpoint of `workdir` (or an ensemble with the
-  `ensemble` workdirs), scores it, writes the report. `search`: SearchSettings fields to override
-  the config's decode settings (beam_size=1, nbest=4, ...; None = the config's)."""
+  `ensemble` workdirs), scores it, writes the report. With `ema`, a run that keeps a moving average
+  of its parameters is scored with it (report['ema'] says which were used). `search`:
+  SearchSettings fields to override the config's decode settings (beam_size=1, nbest=4, ...; None =
+  the config's)."""
   cfg = checkpoints.load_run_config(workdir)
+  ema = ema and cfg.train.ema_decay > 0
   if (source_file is None) != (reference_file is None):
     raise ConfigError("pass both --source_file and --reference_file, or neither")
   settings = translator.SearchSettings.from_config(cfg, **search)
@@ -116,9 +121,10 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
     split = split or cfg.data.eval_split
     text = sources.load_split(cfg.data, split)
     name = split
-  cfg, vocab, models, params, steps = load_ensemble(workdir, ensemble, step, average_last)
+  cfg, vocab, models, params, steps = load_ensemble(workdir, ensemble, step, average_last, ema)
   step = steps[-1]
-  log.info("Translating %d sentences of %s with %s%s (%s)", len(text), text.name,
+  log.info("Translating %d sentences of %s with %s%s%s (%s)", len(text), text.name,
+           "the parameters' moving average of " if ema else "",
            f"the checkpoint at step {step}" if len(steps) == 1 else
            f"the average of the checkpoints at steps {', '.join(map(str, steps))}",
            f" and {len(ensemble)} more run(s) as an ensemble" if ensemble else "",
@@ -134,12 +140,12 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
   chrf = bleu.chrf_score(hypotheses, text.target)
   paper_score = bleu.tokenized_bleu(hypotheses, text.target, cfg.data.tgt_lang)
   report = {"workdir": str(workdir), "checkpoint_step": step, "averaged_steps": steps,
-            "ensemble": [str(workdir), *map(str, ensemble)] if ensemble else None,
+            "ensemble": [str(workdir), *map(str, ensemble)] if ensemble else None, "ema": ema,
             "test_set": name,
             "source": text.name, "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}",
             "sacrebleu": score, "chrf": chrf, "tokenized_bleu": paper_score,
             "decode": settings.describe(), **stats, "total_sec": time.time() - t}
-  json_path = report_path(workdir, name, step, len(steps), 1 + len(ensemble))
+  json_path = report_path(workdir, name, step, len(steps), 1 + len(ensemble), ema)
   hyp_path = json_path.with_suffix(".hyp.txt")
   json_path.parent.mkdir(exist_ok=True)
   hyp_path.write_text("".join(h + "\n" for h in hypotheses))
@@ -150,7 +156,7 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
     files.append(str(nbest_path))
   json_path.write_text(json.dumps(report, indent=2) + "\n")
   with MetricWriter(workdir, tensorboard_dir="eval") as writer:
-    writer.write("bleu", step, test_set=name, averaged=len(steps), ensemble=1 + len(ensemble),
+    writer.write("bleu", step, test_set=name, averaged=len(steps), ensemble=1 + len(ensemble), ema=ema,
                  bleu=score["bleu"], chrf=chrf["chrf"], tokenized_bleu=paper_score["bleu"],
                  signature=score["signature"], **settings.describe())
   report["files"] = files
@@ -169,16 +175,29 @@ def main(argv: list[str]) -> None:
       watch(FLAGS.workdir, poll_seconds=FLAGS.poll_seconds, idle_minutes=FLAGS.idle_minutes,
             **search_overrides())
       return
-    report = evaluate(FLAGS.workdir, FLAGS.step, FLAGS.split, FLAGS.source_file,
-                      FLAGS.reference_file, FLAGS.average_last, FLAGS.ensemble,
-                      **search_overrides())
+    args = (FLAGS.workdir, FLAGS.step, FLAGS.split, FLAGS.source_file, FLAGS.reference_file,
+            FLAGS.average_last, FLAGS.ensemble)
+    compiled: dict = {}
+    report = evaluate(*args, compiled_cache=compiled, ema=FLAGS.ema, **search_overrides())
+    # The single checkpoint's own parameters, beside their moving average (same compiled search).
+    raw = (evaluate(*args, compiled_cache=compiled, ema=False, **search_overrides())
+           if report["ema"] else None)
   except (ConfigError, sources.DataError, checkpoints.CheckpointError) as e:
     sys.exit(f"transformer-eval: error: {e}")
+  print_report(report)
+  if raw:
+    print(f"  without the moving average (the checkpoint's own parameters): sacreBLEU "
+          f"{raw['sacrebleu']['bleu']:.2f}, chrF {raw['chrf']['chrf']:.2f}, tokenized BLEU "
+          f"{raw['tokenized_bleu']['bleu']:.2f}; report: {raw['files'][1]}")
+
+
+def print_report(report: dict[str, Any]) -> None:
   score = report["sacrebleu"]
   averaged = len(report["averaged_steps"])
   members = len(report["ensemble"] or [])
   print(f"{report['test_set']} ({report['direction']}, {score['lines']} lines), step "
         f"{report['checkpoint_step']}{f' (average of {averaged})' if averaged > 1 else ''}"
+        f"{' (moving average of the parameters)' if report['ema'] else ''}"
         f"{f', ensemble of {members} runs' if members else ''}: "
         f"sacreBLEU {score['bleu']:.2f}  {score['signature']}")
   print(f"  chrF {report['chrf']['chrf']:.2f}  {report['chrf']['signature']}")
@@ -206,6 +225,9 @@ def run() -> None:
                      "checkpoint (0 = wait until training finishes).")
   flags.DEFINE_integer("average_last", 1, "Average the parameters of the last N checkpoints (up to "
                        "--step if given), as the paper did: 5 for base, 20 for big.")
+  flags.DEFINE_bool("ema", True, "Score the moving average of the parameters where the run keeps "
+                    "one (config.train.ema_decay > 0), with the checkpoint's own parameters' score "
+                    "beside it; --noema scores only the latter.")
   define_progress_flag()
   run_program("transformer-eval", main)
 

@@ -63,7 +63,13 @@ from transformer.model import (
 
 log = logging.getLogger("transformer")
 
-TrainState = train_state.TrainState
+
+
+class TrainState(train_state.TrainState):
+  """Flax's train state plus, when `train.ema_decay` > 0, an exponential moving average of the
+  parameters (None otherwise, so runs without it keep the checkpoint layout they always had)."""
+  ema_params: Any = None
+
 FLAGS = flags.FLAGS
 
 
@@ -140,18 +146,28 @@ _token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)
 # -------------------------------------------------------------------------------------- the steps
 
 def create_train_state(model: Transformer, tx: optax.GradientTransformation, rng: jax.Array,
-                       logical_axes: bool = False) -> TrainState:
-  """Fresh parameters and Adam state; with `logical_axes` (under eval_shape) every parameter and
-  moment keeps its logical axis names, from which partitioning.py derives the state's layout."""
-  return TrainState.create(apply_fn=model.apply, params=initial_params(model, rng, logical_axes),
-                           tx=tx)
+                       logical_axes: bool = False, ema: bool = False) -> TrainState:
+  """Fresh parameters and Adam state (and, with `ema`, their moving average, starting equal to
+  them); with `logical_axes` (under eval_shape) every parameter and moment keeps its logical axis
+  names, from which partitioning.py derives the state's layout."""
+  params = initial_params(model, rng, logical_axes)
+  return TrainState.create(apply_fn=model.apply, params=params, tx=tx,
+                           ema_params=jax.tree.map(jnp.copy, params) if ema else None)
+
+
+def ema_decay_at(step: jax.Array, decay: float) -> jax.Array:
+  """The moving average's decay after `step` updates: min(decay, (1 + step) / (10 + step)), so the
+  average forgets the random initialisation quickly and spans ~the last tenth of a short run."""
+  step = jnp.asarray(step, jnp.float32)
+  return jnp.minimum(decay, (1.0 + step) / (10.0 + step))
 
 
 def abstract_train_state(cfg: ml_collections.ConfigDict, model: Transformer,
                          sharding: jax.sharding.Sharding) -> TrainState:
   """Shapes and dtypes of the train state, without computing it, all in one `sharding`: the restore
   target of programs that only read parameters (evaluation, averaging)."""
-  init = functools.partial(create_train_state, model, make_optimizer(cfg))
+  init = functools.partial(create_train_state, model, make_optimizer(cfg),
+                           ema=cfg.train.ema_decay > 0)
   return partitioning.with_sharding(jax.eval_shape(init, jax.random.PRNGKey(0)), sharding)
 
 
@@ -167,13 +183,17 @@ def forward(apply_fn, params: Any, batch: dict[str, jax.Array], **kwargs) -> jax
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_rng: jax.Array,
                healthy: jax.Array | bool = True, *, smoothing: float, accum_steps: int = 1,
-               skip_nonfinite: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
+               skip_nonfinite: bool = False, ema_decay: float = 0.0
+               ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One Adam update on the mean label-smoothed loss per target token of the (global) batch.
 
   With `accum_steps` > 1 the batch is split into that many micro-batches whose summed gradients make
   the same update (up to float rounding and dropout masks) with a fraction of the activation memory:
   how one GPU follows the paper's 25k-token batches. Micro-batch k takes rows k, k + A, k + 2A, ...,
   so each device keeps working on its own rows.
+
+  With `ema_decay` > 0 the state's moving average of the parameters follows each applied update
+  (decay from `ema_decay_at`).
 
   An update whose loss or gradient is not finite is never applied: the parameters and Adam state
   stay as they were (sums['finite'] = 0). With `skip_nonfinite` the step counter still advances
@@ -211,6 +231,11 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_rng: jax.
   apply = finite if skip_nonfinite else finite & healthy
   updated = state.apply_gradients(grads=grads)
   keep_if_bad = lambda new, old: jnp.where(apply, new, old)
+  if ema_decay > 0:
+    decay = ema_decay_at(updated.step, ema_decay)
+    ema = jax.tree.map(lambda avg, new: decay * avg + (1.0 - decay) * new, state.ema_params,
+                       updated.params)
+    updated = updated.replace(ema_params=jax.tree.map(keep_if_bad, ema, state.ema_params))
   new_state = updated.replace(
       step=state.step + 1 if skip_nonfinite else state.step + apply.astype(jnp.int32),
       params=jax.tree.map(keep_if_bad, updated.params, state.params),
@@ -238,14 +263,15 @@ def jit_train_fns(cfg: ml_collections.ConfigDict, model: Transformer,
                   mesh: jax.sharding.Mesh) -> TrainFunctions:
   """Compiles init and step with the state laid out by partitioning's rules on `mesh`."""
   tx = make_optimizer(cfg)  # one object: the state's static fields must match across functions
-  init_fn = functools.partial(create_train_state, model, tx)
+  init_fn = functools.partial(create_train_state, model, tx, ema=cfg.train.ema_decay > 0)
   boxed = jax.eval_shape(functools.partial(init_fn, logical_axes=True), jax.random.PRNGKey(0))
   shardings = partitioning.logical_shardings(boxed, mesh)
   replicated = partitioning.replicated(mesh)
   init = jax.jit(init_fn, out_shardings=shardings)
   step = jax.jit(functools.partial(train_step, smoothing=cfg.train.label_smoothing,
                                    accum_steps=cfg.train.grad_accum_steps,
-                                   skip_nonfinite=cfg.train.on_nonfinite == "skip"),
+                                   skip_nonfinite=cfg.train.on_nonfinite == "skip",
+                                   ema_decay=cfg.train.ema_decay),
                  out_shardings=(shardings, replicated), donate_argnums=(0,))
   abstract = partitioning.with_sharding(jax.eval_shape(init_fn, jax.random.PRNGKey(0)), shardings)
   return TrainFunctions(init=init, step=partitioning.with_mesh(step, mesh),
@@ -517,9 +543,15 @@ def _train_loop(run: Run, mngr, stop: preemption.StopRequests, writer: MetricWri
       interval_start, interval_sums, interval_flops = time.time(), [], 0.0
     if eval_due:
       metrics = evaluate_loss(eval_fn, state.params, run.eval_batches, mesh)
+      ema = ""
+      if state.ema_params is not None:
+        ema_metrics = evaluate_loss(eval_fn, state.ema_params, run.eval_batches, mesh)
+        metrics.update({f"ema_{k}": v for k, v in ema_metrics.items() if k != "tokens"})
+        ema = (f" | EMA: nll {ema_metrics['nll']:.3f} | perplexity {ema_metrics['perplexity']:.2f}"
+               f" | accuracy {ema_metrics['accuracy']:.3f}")
       writer.write("eval", done, **metrics)
-      log.info("eval at step %d | nll %.3f | perplexity %.2f | accuracy %.3f", done,
-               metrics["nll"], metrics["perplexity"], metrics["accuracy"])
+      log.info("eval at step %d | nll %.3f | perplexity %.2f | accuracy %.3f%s", done,
+               metrics["nll"], metrics["perplexity"], metrics["accuracy"], ema)
     if save_due or (stop_due and saved_step != done):
       save(done, state, data_state)
     if stop_due:
