@@ -81,7 +81,8 @@ def test_vocabulary_is_cached_per_dataset_and_setting(tmp_path, monkeypatch):
   (tmp_path / "run1").mkdir()
   first = vocab_lib.vocab_for_run(tmp_path / "run1", data, source, seed=0)
   cached = vocab_lib.cached_vocab_path(data, seed=0)
-  assert cached.is_file() and cached.name == "multi30k.en-de.bpe300.sample3000.seed0.model"
+  assert cached.is_file() and cached.name == (
+      "multi30k.train.en-de.bpe300.identity.sample3000.seed0.model")
 
   def no_training(*args, **kwargs):
     raise AssertionError("the cached vocabulary should have been reused")
@@ -94,6 +95,32 @@ def test_vocabulary_is_cached_per_dataset_and_setting(tmp_path, monkeypatch):
   (tmp_path / "run3").mkdir()
   with pytest.raises(AssertionError, match="should have been reused"):
     vocab_lib.vocab_for_run(tmp_path / "run3", data, source, seed=0)
+
+
+def test_vocabulary_cache_key_names_the_split_and_the_tfds_data_dir(tmp_path, monkeypatch):
+  """Another training split or TFDS data directory is other text: it must not reuse a vocabulary."""
+  data = base_config().data
+  data.source, data.tfds_name = "tfds", "wmt14_translate/de-en"
+  monkeypatch.delenv("TFDS_DATA_DIR", raising=False)
+  paths = set()
+  for split, data_dir in (("train", str(tmp_path / "a")), ("train[:50%]", str(tmp_path / "a")),
+                          ("train", str(tmp_path / "b")), ("train", "gs://bucket/tfds")):
+    data.train_split, data.tfds_data_dir = split, data_dir
+    paths.add(vocab_lib.cached_vocab_path(data, seed=0))
+  assert len(paths) == 4
+  data.train_split, data.tfds_data_dir = "train", ""
+  monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "a"))  # the same directory named another way
+  assert vocab_lib.cached_vocab_path(data, seed=0) in paths
+
+
+def test_vocabulary_detokenizes_to_the_text_it_was_given(tmp_path):
+  """Identity normalisation: NFKC would turn 'ﬁ' into 'fi', '①' into '1' and full-width letters
+  narrow, so detokenized hypotheses would differ from references that keep them."""
+  text = sources.load_split(base_config().data, "validation")
+  odd = ["Ein Ｓchild: ﬁnal ① ½ Café", "Zwei Männer – „im“ Park…"]
+  vocab = vocab_lib.train_vocab(text.source + text.target + odd * 5, tmp_path / "v.model", 300)
+  for line in [*odd, *text.target[:50]]:
+    assert vocab.decode(vocab.encode(line)) == line
 
 
 def test_vocabulary_sample_is_uniform_not_the_head():

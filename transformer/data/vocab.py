@@ -1,12 +1,15 @@
 """The shared source/target SentencePiece vocabulary: trained once per dataset, cached, copied to runs.
 
 SentencePiece (not a hand-written BPE) because it is what t2t and the Flax example use, it trains in
-seconds on Multi30k, and it detokenizes losslessly, so BLEU is computed on real text.
+seconds on Multi30k, and it detokenizes back to the text it was given, so BLEU is computed on real
+text. New vocabularies use identity normalisation (SentencePiece's default, NFKC, rewrites text:
+'ﬁ' becomes 'fi', full-width letters narrow); only runs of spaces become one space.
 Special ids are fixed so the model can rely on them: 0 pad, 1 EOS, 2 BOS, 3 unknown.
 
 It is trained on a uniform random sample of `data.vocab_sample_sentences` training pairs (both sides),
-not the head of the corpus, and stored in a cache keyed by dataset, languages, size, model type, sample
-size and seed (`data.vocab_cache_dir`, default ~/.cache/transformer/vocab), so every run on a dataset
+not the head of the corpus, and stored in a cache keyed by dataset (TFDS data directory or files'
+fingerprint included), training split, languages, size, model type, normalisation, sample size and
+seed (`data.vocab_cache_dir`, default ~/.cache/transformer/vocab), so every run on a dataset
 reuses the same file; each run keeps a copy as WORKDIR/vocab.model, which evaluation reads.
 """
 
@@ -24,12 +27,13 @@ import ml_collections
 import numpy as np
 import sentencepiece as spm
 
-from transformer.data.sources import DataError
+from transformer.data.sources import DataError, tfds_data_dir
 from transformer.model import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 log = logging.getLogger("transformer")
 
 VOCAB_FILE = "vocab.model"
+NORMALIZATION = "identity"  # SentencePiece's rule for new vocabularies (its default, nmt_nfkc, rewrites)
 
 
 def train_vocab(sentences: Sequence[str], path: str | os.PathLike, vocab_size: int,
@@ -47,7 +51,8 @@ def train_vocab(sentences: Sequence[str], path: str | os.PathLike, vocab_size: i
           sentence_iterator=iter(sample), model_prefix=str(prefix), vocab_size=vocab_size,
           model_type=model_type, character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID,
           bos_id=BOS_ID, unk_id=UNK_ID, num_threads=os.cpu_count() or 1, minloglevel=2,
-          hard_vocab_limit=True, input_sentence_size=len(sample))
+          hard_vocab_limit=True, input_sentence_size=len(sample),
+          normalization_rule_name=NORMALIZATION)
     except RuntimeError as e:
       raise DataError(f"SentencePiece could not build a vocabulary of {vocab_size} pieces "
                       f"({str(e).strip()}); lower config.data.vocab_size") from None
@@ -93,16 +98,19 @@ def sample_sentences(source, num_pairs: int, seed: int) -> list[str]:
 
 
 def dataset_key(data: ml_collections.ConfigDict) -> str:
-  """Names the training data: TFDS name or 'multi30k', or a fingerprint of the text files."""
+  """Names the training data: TFDS name and a fingerprint of its data directory, 'multi30k', or a
+  fingerprint of the text files; then the training split and the languages."""
   if data.source == "tfds":
-    name = data.tfds_name
+    data_dir = tfds_data_dir(data.tfds_data_dir)
+    data_dir = data_dir if "://" in data_dir else os.path.abspath(data_dir)  # gs:// stays as it is
+    name = f"{data.tfds_name}-{hashlib.sha256(data_dir.encode()).hexdigest()[:8]}"
   elif data.source == "multi30k":
     name = "multi30k"
   else:
     stats = [(str(Path(f).absolute()), Path(f).stat().st_size, Path(f).stat().st_mtime_ns)
              for f in (data.train_src, data.train_tgt) if Path(f).is_file()]
     name = "files-" + hashlib.sha256(repr(stats).encode()).hexdigest()[:12]
-  return f"{name}.{data.src_lang}-{data.tgt_lang}".replace("/", "_")
+  return f"{name}.{data.train_split}.{data.src_lang}-{data.tgt_lang}".replace("/", "_")
 
 
 def cache_dir(data: ml_collections.ConfigDict) -> Path:
@@ -112,7 +120,7 @@ def cache_dir(data: ml_collections.ConfigDict) -> Path:
 
 def cached_vocab_path(data: ml_collections.ConfigDict, seed: int) -> Path:
   return cache_dir(data) / (f"{dataset_key(data)}.{data.vocab_model_type}{data.vocab_size}"
-                            f".sample{data.vocab_sample_sentences}.seed{seed}.model")
+                            f".{NORMALIZATION}.sample{data.vocab_sample_sentences}.seed{seed}.model")
 
 
 def vocab_for_run(workdir: str | os.PathLike, data: ml_collections.ConfigDict, source,
