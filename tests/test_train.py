@@ -13,6 +13,7 @@ from conftest import init_params, random_tokens, tiny_model_config
 from transformer.config import base_config
 from transformer.model import Transformer, shift_right
 from transformer.train import (
+  EmaTrainState,
   TrainState,
   ema_decay_at,
   forward,
@@ -108,8 +109,8 @@ def test_moving_average_follows_the_applied_updates(rng):
   (non-finite) update leaves it as it was."""
   model = Transformer(tiny_model_config())
   params = init_params(model)
-  state = TrainState.create(apply_fn=model.apply, params=params, tx=optax.sgd(0.1),
-                            ema_params=params)
+  state = EmaTrainState.create(apply_fn=model.apply, params=params, tx=optax.sgd(0.1),
+                               ema_params=params)
   batch = {"src": random_tokens(rng, 3, 5, 24), "tgt": random_tokens(rng, 3, 6, 24)}
   step = jax.jit(functools.partial(train_step, smoothing=0.1, ema_decay=0.99, skip_nonfinite=True))
   averages = [params]

@@ -48,7 +48,7 @@ def average_checkpoints(workdir: str, last: int, output: str, step: int | None =
   params = checkpoints.average_params(source, abstract, steps, ema=False)
   state, data_state = checkpoints.restore(source, abstract, steps[-1], with_data=True)
   state = state.replace(params=params)
-  if state.ema_params is not None:
+  if checkpoints.params_of(state) is not state.params:  # the run keeps a moving average
     state = state.replace(ema_params=checkpoints.average_params(source, abstract, steps))
   output.mkdir(parents=True, exist_ok=True)
   for name in (checkpoints.CONFIG_FILE, vocab_lib.VOCAB_FILE):

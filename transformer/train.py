@@ -63,14 +63,14 @@ from transformer.model import (
 
 log = logging.getLogger("transformer")
 
-
-
-class TrainState(train_state.TrainState):
-  """Flax's train state plus, when `train.ema_decay` > 0, an exponential moving average of the
-  parameters (None otherwise, so runs without it keep the checkpoint layout they always had)."""
-  ema_params: Any = None
-
 FLAGS = flags.FLAGS
+TrainState = train_state.TrainState
+
+
+class EmaTrainState(TrainState):
+  """Flax's train state plus an exponential moving average of the parameters (`train.ema_decay` >
+  0); runs without one keep Flax's state, and so the checkpoint layout they always had."""
+  ema_params: Any = None
 
 
 # ------------------------------------------------------------------------------ optimizer and loss
@@ -151,8 +151,10 @@ def create_train_state(model: Transformer, tx: optax.GradientTransformation, rng
   them); with `logical_axes` (under eval_shape) every parameter and moment keeps its logical axis
   names, from which partitioning.py derives the state's layout."""
   params = initial_params(model, rng, logical_axes)
-  return TrainState.create(apply_fn=model.apply, params=params, tx=tx,
-                           ema_params=jax.tree.map(jnp.copy, params) if ema else None)
+  if ema:
+    return EmaTrainState.create(apply_fn=model.apply, params=params, tx=tx,
+                                ema_params=jax.tree.map(jnp.copy, params))
+  return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
 
 def ema_decay_at(step: jax.Array, decay: float) -> jax.Array:
@@ -544,7 +546,7 @@ def _train_loop(run: Run, mngr, stop: preemption.StopRequests, writer: MetricWri
     if eval_due:
       metrics = evaluate_loss(eval_fn, state.params, run.eval_batches, mesh)
       ema = ""
-      if state.ema_params is not None:
+      if isinstance(state, EmaTrainState):
         ema_metrics = evaluate_loss(eval_fn, state.ema_params, run.eval_batches, mesh)
         metrics.update({f"ema_{k}": v for k, v in ema_metrics.items() if k != "tokens"})
         ema = (f" | EMA: nll {ema_metrics['nll']:.3f} | perplexity {ema_metrics['perplexity']:.2f}"
