@@ -56,15 +56,25 @@ def test_short_hypotheses_pay_the_brevity_penalty_and_case_counts():
 
 def test_compound_splitting():
   assert compound_split("eine Sieben-Tage-Woche") == "eine Sieben ##AT##-##AT## Tage ##AT##-##AT## Woche"
-  assert compound_split("a-b-c") == "a ##AT##-##AT## b ##AT##-##AT## c"
+  # get_ende_bleu.sh's perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g': any two non-space characters,
+  # and matches that do not overlap, so a one-character part keeps its second hyphen.
+  assert compound_split("a-b-c 3-% x-y-zz") == (
+      "a ##AT##-##AT## b-c 3 ##AT##-##AT## % x ##AT##-##AT## y-zz")
   assert compound_split("3 - 4 , - x") == "3 - 4 , - x"  # free-standing hyphens stay
+
+
+def test_paper_tokenization_replaces_unicode_punctuation_first():
+  """replace-unicode-punctuation.perl's table (“ ” … full-width digits and %), then Moses."""
+  assert paper_tokenize("“Ein Hund” rennt… ２０％ schneller, oder?", "de") == (
+      "&quot; Ein Hund &quot; rennt ... 20 % schneller , oder ?")
   assert paper_tokenize('Ein "Sieben-Tage"-Test, oder?', "de") == (
       "Ein &quot; Sieben ##AT##-##AT## Tage &quot; -Test , oder ?")
 
 
 def test_tokenized_bleu_on_a_hand_counted_corpus():
   # die Sieben ##AT##-##AT## Tage ##AT##-##AT## Woche vs ... Frist: 6 tokens each; matching n-grams
-  # 5/6, 4/5, 3/4, 2/3 -> BLEU = (5*4*3*2 / (6*5*4*3)) ** (1/4) = (1/3) ** (1/4).
+  # 5/6, 4/5, 3/4, 2/3 -> BLEU = (5*4*3*2 / (6*5*4*3)) ** (1/4) = (1/3) ** (1/4). (Every part has
+  # more than one character, so both hyphens are split.)
   result = tokenized_bleu(["die Sieben-Tage-Woche"], ["die Sieben-Tage-Frist"], "de")
   assert result["bleu"] == pytest.approx(100 * (1 / 3) ** 0.25)
   assert result["hyp_len"] == result["ref_len"] == 6
@@ -87,4 +97,5 @@ def test_tokenized_bleu_equals_multi_bleu_on_pre_tokenized_text():
   none = BLEU(tokenize="none", smooth_method="none").corpus_score(tokenized_hyps, [tokenized_refs])
   assert result["bleu"] == pytest.approx(none.score)
   assert result["lines"] == 3 and result["case"] == "cased" and "moses(de)" in result["tokenizer"]
+  assert "get_ende_bleu.sh" in result["tokenizer"]
   assert result["bleu"] > sacrebleu_score(hypotheses, references)["bleu"]  # compounds count thrice

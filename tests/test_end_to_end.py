@@ -64,7 +64,7 @@ def test_train_resume_and_evaluate(tmp_path):
                               "max_extra_len": 5}
   paper = report["tokenized_bleu"]
   assert 0.0 <= paper["bleu"] <= 100.0 and paper["lines"] == 40 and paper["case"] == "cased"
-  assert paper["tokenizer"].startswith("moses(de) + compound splitting")
+  assert paper["tokenizer"].startswith("unicode punctuation + moses(de) + compound splitting")
   hypotheses = (workdir / "eval" / "validation_step8.hyp.txt").read_text().splitlines()
   assert len(hypotheses) == 40
   assert read_metrics(workdir, "bleu")[-1]["bleu"] == report["sacrebleu"]["bleu"]

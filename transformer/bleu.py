@@ -2,11 +2,16 @@
 
 1. sacreBLEU, cased, 13a, with its signature (chrF, also sacreBLEU's, beside it): computed on
    detokenized text with a fixed, versioned tokenizer, so numbers compare across papers and toolkits.
-2. The paper's (tensor2tensor's get_ende_bleu.sh): hypotheses and references tokenized with the Moses
-   tokenizer (sacremoses, the Python port of tokenizer.perl, escaping as tokenizer.perl does), every
-   hyphen between word characters split off as ` ##AT##-##AT## `, then cased corpus BLEU on those tokens
-   with no smoothing, as multi-bleu.perl computes it. Compound splitting turns one token into three, so
-   this number reads higher than sacreBLEU on German; report which one you quote.
+2. The paper's (tensor2tensor's get_ende_bleu.sh), step by step: Unicode punctuation replaced as
+   Moses' replace-unicode-punctuation.perl does (sacremoses' port; „“ ” become ", … becomes ...),
+   the Moses tokenizer (sacremoses' port of tokenizer.perl, escaping as tokenizer.perl does), then
+   the script's `s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g`: a hyphen between two non-space characters is
+   split off (not only between letters: '3-%' too), and, as that regex consumes the characters
+   beside it, a one-character part keeps its second hyphen ('a-b-c' -> 'a ##AT##-##AT## b-c');
+   then cased corpus BLEU on those tokens with no
+   smoothing, as multi-bleu.perl computes it. The script normalises the decodes only (its references
+   were tokenized beforehand); here both sides go through the same steps. Compound splitting turns one
+   token into three, so this number reads higher than sacreBLEU on German; report which you quote.
 
 Never report BLEU on subword ids or on the model's own tokenization.
 """
@@ -18,9 +23,9 @@ import re
 from collections.abc import Sequence
 
 from sacrebleu.metrics import BLEU, CHRF
-from sacremoses import MosesTokenizer
+from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
-COMPOUND_HYPHEN = re.compile(r"(?<=\w)-(?=\w)")
+COMPOUND_HYPHEN = re.compile(r"(\S)-(\S)")  # get_ende_bleu.sh's, with its non-overlapping matches
 
 
 def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
@@ -45,18 +50,22 @@ def chrf_score(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
 
 
 def compound_split(tokenized: str) -> str:
-  """'Sieben-Tage-Woche' -> 'Sieben ##AT##-##AT## Tage ##AT##-##AT## Woche' (t2t's get_ende_bleu.sh)."""
-  return COMPOUND_HYPHEN.sub(" ##AT##-##AT## ", tokenized)
+  """'rich-text' -> 'rich ##AT##-##AT## text', exactly as t2t's get_ende_bleu.sh's perl s///g, whose
+  matches do not overlap: 'a-b-c' -> 'a ##AT##-##AT## b-c'."""
+  return COMPOUND_HYPHEN.sub(r"\1 ##AT##-##AT## \2", tokenized)
 
 
 @functools.lru_cache(maxsize=8)
-def _moses(lang: str) -> MosesTokenizer:
-  return MosesTokenizer(lang=lang)
+def _moses(lang: str) -> tuple[MosesPunctNormalizer, MosesTokenizer]:
+  return MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
 
 
 def paper_tokenize(sentence: str, lang: str) -> str:
-  """Moses-tokenized (tokenizer.perl's rules and escaping for `lang`), compounds split."""
-  return compound_split(_moses(lang).tokenize(sentence, return_str=True, escape=True))
+  """Unicode punctuation replaced, Moses-tokenized (tokenizer.perl's rules and escaping for `lang`),
+  compounds split: get_ende_bleu.sh's steps."""
+  punctuation, tokenizer = _moses(lang)
+  text = punctuation.replace_unicode_punct(sentence)
+  return compound_split(tokenizer.tokenize(text, return_str=True, escape=True))
 
 
 def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> dict:
@@ -69,5 +78,6 @@ def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: s
                 force=True).corpus_score(hyp, [ref])
   return {"bleu": result.score, "precisions": result.precisions, "brevity_penalty": result.bp,
           "hyp_len": result.sys_len, "ref_len": result.ref_len, "lines": len(references),
-          "case": "cased", "tokenizer": f"moses({lang}) + compound splitting (##AT##-##AT##)",
+          "case": "cased", "tokenizer": f"unicode punctuation + moses({lang}) + compound "
+                                        "splitting (##AT##-##AT##), as t2t's get_ende_bleu.sh",
           "smoothing": "none (multi-bleu.perl)"}
