@@ -33,7 +33,8 @@ def poisoned_state(rng):
   params = init_params(model)
   norm = params["decoder"]["layer_1"]["ffn_norm"]
   norm["scale"] = norm["scale"].at[0].set(jnp.inf)
-  state = TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(1e-3))
+  schedule = lambda count: 1e-3 / (1.0 + count)  # a schedule, so the state counts updates
+  state = TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(schedule))
   batch = {"src": random_tokens(rng, 2, 5, 24), "tgt": random_tokens(rng, 2, 6, 24)}
   return model, state, batch
 
@@ -62,13 +63,16 @@ def test_a_non_finite_update_is_never_applied(rng):
   assert bool(sums["healthy"]) and int(applied.step) == 1
   assert not np.array_equal(applied.params["decoder"]["layer_1"]["ffn_norm"]["scale"],
                             healthy_state.params["decoder"]["layer_1"]["ffn_norm"]["scale"])
-  # 'skip': the batch is passed over (the step counts), the parameters and Adam state stay.
+  # 'skip': the batch is passed over (the step counts), the parameters and Adam's moments stay, and
+  # the optimizer's counters follow the step, so the learning rate does not fall behind the schedule.
   skipped, sums = jax.jit(functools.partial(train_step, smoothing=0.1, skip_nonfinite=True))(
       state, batch, key)
   assert float(sums["finite"]) == 0 and bool(sums["healthy"])
   assert int(skipped.step) == 1
   assert_same_tree(skipped.params, state.params)
-  assert_same_tree(skipped.opt_state, state.opt_state)
+  adam, schedule = skipped.opt_state[0], skipped.opt_state[-1]
+  assert_same_tree((adam.mu, adam.nu), (state.opt_state[0].mu, state.opt_state[0].nu))
+  assert int(adam.count) == int(schedule.count) == int(skipped.step) == 1
 
 
 def diverging_config(tmp_path, **train):

@@ -199,7 +199,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_rng: jax.
 
   An update whose loss or gradient is not finite is never applied: the parameters and Adam state
   stay as they were (sums['finite'] = 0). With `skip_nonfinite` the step counter still advances
-  (the batch is skipped). Otherwise the step is a no-op and sums['healthy'] turns false; fed back
+  (the batch is skipped), and with it the optimizer's counters, so the learning rate stays the
+  schedule's at the step. Otherwise the step is a no-op and sums['healthy'] turns false; fed back
   as `healthy`, it makes every later step a no-op too, so the trainer, which looks at the flags
   only when it syncs with the device anyway, finds the state exactly as it was before the bad step.
   """
@@ -238,13 +239,23 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_rng: jax.
     ema = jax.tree.map(lambda avg, new: decay * avg + (1.0 - decay) * new, state.ema_params,
                        updated.params)
     updated = updated.replace(ema_params=jax.tree.map(keep_if_bad, ema, state.ema_params))
+  opt_state = jax.tree.map(keep_if_bad, updated.opt_state, state.opt_state)
+  if skip_nonfinite:  # the batch counts as a step: the schedule's (and Adam's) counters go on
+    opt_state = _with_update_counts(opt_state, updated.opt_state)
   new_state = updated.replace(
       step=state.step + 1 if skip_nonfinite else state.step + apply.astype(jnp.int32),
-      params=jax.tree.map(keep_if_bad, updated.params, state.params),
-      opt_state=jax.tree.map(keep_if_bad, updated.opt_state, state.opt_state))
+      params=jax.tree.map(keep_if_bad, updated.params, state.params), opt_state=opt_state)
   sums["finite"] = finite.astype(jnp.float32)
   sums["healthy"] = jnp.asarray(True) if skip_nonfinite else apply
   return new_state, sums
+
+
+def _with_update_counts(opt_state: Any, advanced: Any) -> Any:
+  """`opt_state` with every optax `count` field (the schedule's step, Adam's bias correction) taken
+  from `advanced`: a skipped update keeps the moments but not a learning rate behind the step."""
+  is_count = lambda path: getattr(path[-1], "name", None) == "count"
+  return jax.tree_util.tree_map_with_path(
+      lambda path, kept, new: new if is_count(path) else kept, opt_state, advanced)
 
 
 @dataclasses.dataclass(frozen=True)
