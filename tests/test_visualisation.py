@@ -152,6 +152,8 @@ def test_run_curves_follow_resumes_and_interpolate_training_time(tmp_path):
       {"event": "eval", "step": 300, "time": 0, "nll": 3.0},
       {"event": "bleu", "step": 250, "time": 0, "test_set": "dev", "bleu": 20.0, "averaged": 1},
       {"event": "bleu", "step": 300, "time": 0, "test_set": "dev", "bleu": 25.0, "averaged": 5},
+      {"event": "bleu", "step": 250, "time": 0, "test_set": "dev", "bleu": 21.0, "averaged": 1,
+       "ema": True},
   ])
   curves = plot.run_curves(tmp_path / "run")
   # Training hours: the first process trained 720 s; the second's 700 s and 1,080 s come on top.
@@ -161,6 +163,7 @@ def test_run_curves_follow_resumes_and_interpolate_training_time(tmp_path):
   np.testing.assert_allclose(curves["dev loss (nats per token)"],
                              [(200, (720 + 700) / 3600, 3.5), (300, 0.5, 3.0)])
   np.testing.assert_allclose(curves["BLEU (dev)"], [(250, (720 + 890) / 3600, 20.0)])  # no avg5
+  np.testing.assert_allclose(curves["BLEU (dev, moving average)"], [(250, (720 + 890) / 3600, 21.0)])
 
 
 def test_comparison_has_a_row_per_metric_and_columns_for_steps_and_hours(tmp_path):

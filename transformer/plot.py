@@ -58,8 +58,12 @@ def run_curves(workdir: str | Path) -> dict[str, list[tuple[float, float, float]
   bleu = [r for r in records if r["event"] == "bleu" and r.get("averaged", 1) == 1]
   dev = _eval_split(workdir)
   for test_set in sorted({r["test_set"] for r in bleu}, key=lambda name: (name != dev, name)):
-    same_set = _last_per_step([r for r in bleu if r["test_set"] == test_set])
-    curves[f"BLEU ({test_set})"] = [(r["step"], hours(r["step"]), r["bleu"]) for r in same_set]
+    for ema in (False, True):  # the parameters' moving average is its own curve
+      same_set = _last_per_step([r for r in bleu if r["test_set"] == test_set
+                                 and r.get("ema", False) == ema])
+      if same_set:
+        curves[f"BLEU ({test_set}{', moving average' if ema else ''})"] = [
+            (r["step"], hours(r["step"]), r["bleu"]) for r in same_set]
   return curves
 
 
