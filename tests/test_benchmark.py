@@ -8,13 +8,15 @@ from conftest import tiny_run_config
 from transformer.benchmark import benchmark, benchmark_input, decode_workload, spread
 from transformer.info import table_peak, training_flops_per_target_token
 from transformer.model import EOS_ID, ModelConfig
+from transformer.train import prepare_data
 
 
 def test_benchmark_reports_consistent_figures(tmp_path):
   cfg = tiny_run_config(tmp_path)
   (tmp_path / "disk").mkdir()
   result = benchmark(cfg, batch_tokens=100, seq_len=8, steps=2, warmup=0, decode_sentences=6,
-                     peak_tflops=2.0, checkpoint_saves=2, checkpoint_dir=str(tmp_path / "disk"))
+                     peak_tflops=2.0, checkpoint_saves=2, checkpoint_dir=str(tmp_path / "disk"),
+                     real_batches=4)
   assert result["rows"] == 12 and result["target_tokens_per_step"] == 96
   assert result["target_tokens_per_sec"] == pytest.approx(96 / result["step_sec_median"])
   flops = training_flops_per_target_token(
@@ -34,6 +36,18 @@ def test_benchmark_reports_consistent_figures(tmp_path):
     assert tokens == pytest.approx(6 * result["decode_mean_output_len"])
     assert result[f"decode_beam{beam}_sentences_per_sec"] == pytest.approx(
         6 / result[f"decode_beam{beam}_sec"])
+  # the config's own batches: the first 4 the training pipeline makes, their real target tokens
+  (tmp_path / "data").mkdir()
+  _, train_pipeline, _ = prepare_data(cfg, tmp_path / "data", num_devices=1)
+  stream = train_pipeline.batches()
+  batches = [next(stream)[0] for _ in range(4)]
+  stream.close()
+  real = sum(int((b["tgt"] != 0).sum()) for b in batches)
+  assert result["real_batches"] == 4
+  assert result["real_batch_shapes"] == len({b["tgt"].shape for b in batches})
+  assert result["real_target_tokens_per_sec"] * 4 * result["real_step_sec_mean"] == pytest.approx(real)
+  assert result["real_target_padding_fraction"] == pytest.approx(
+      1 - real / sum(b["tgt"].size for b in batches))
   assert result["peak_memory_bytes"] is None  # the CPU backend keeps no memory statistics
   # checkpoints: the state's arrays are on disk (parameters and two Adam moments, float32)
   assert result["checkpoint_saves"] == 2

@@ -9,6 +9,8 @@ of `--seq_len` tokens, no padding; as many source tokens; default: the config's 
 greedy and beam search as the evaluation program runs them (`decode.*` settings) on
 `--decode_sentences` real evaluation sentences (or synthetic ones) decoded to their references'
 lengths, and `--checkpoint_saves` asynchronous checkpoint saves (how long each stops training).
+With `--real_batches=N` it also times N steps on the config's own training batches (bucket padding
+and all) and reports real target tokens/s: the figure the training log prints.
 Prints one JSON object (and writes it to `--output`): target tokens/s, step time (median, spread),
 analytic training FLOPs per step (info.training_flops_per_target_token), MFU against the device's
 peak (info.PEAK_TFLOPS, `--peak_tflops`, or a measured matmul with `--measure_peak`), decode
@@ -51,7 +53,7 @@ from transformer.data import vocab as vocab_lib
 from transformer.data.sources import DataError
 from transformer.distributed import DistributedError
 from transformer.info import table_peak, training_flops_per_target_token
-from transformer.model import EOS_ID, ModelConfig, Transformer
+from transformer.model import EOS_ID, PAD_ID, ModelConfig, Transformer
 from transformer.train import jit_train_fns, prepare_data
 
 FLAGS = flags.FLAGS
@@ -101,10 +103,11 @@ def synthetic_tokens(rows: int, length: int, vocab_size: int, seed: int = 0) -> 
 def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int | None, seq_len: int, steps: int,
               warmup: int, decode_sentences: int = 0, peak_tflops: float | None = None,
               measure_peak: bool = False, checkpoint_saves: int = 0,
-              checkpoint_dir: str | None = None) -> dict[str, Any]:
+              checkpoint_dir: str | None = None, real_batches: int = 0) -> dict[str, Any]:
   """Times training steps (on batches of `batch_tokens`, default the config's
-  data.tokens_per_batch), decoding if `decode_sentences` (-1: the whole evaluation split) and
-  checkpoint saves if `checkpoint_saves`; returns the figures as a dict."""
+  data.tokens_per_batch), then `real_batches` steps on the config's own training batches if asked,
+  decoding if `decode_sentences` (-1: the whole evaluation split) and checkpoint saves if
+  `checkpoint_saves`; returns the figures as a dict."""
   validate(cfg)
   batch_tokens = batch_tokens or cfg.data.tokens_per_batch
   mesh = partitioning.make_mesh(cfg, cfg.data.vocab_size)
@@ -159,6 +162,8 @@ def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int | None, seq_len:
       "floor_step_sec": flops_per_step / (peak * mesh.size * 1e12) if peak else None,
       "loss": float(sums["loss"] / sums["tokens"]),
   }
+  if real_batches:
+    result.update(benchmark_real_batches(cfg, fns, holder, mesh, real_batches))
   if decode_sentences:
     result.update(benchmark_decode(cfg, model, holder["state"].params, seq_len, decode_sentences,
                                    sorted({1, cfg.decode.beam_size})))
@@ -166,6 +171,38 @@ def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int | None, seq_len:
     result.update(benchmark_checkpoint(holder, one_step, checkpoint_saves, checkpoint_dir))
   result["peak_memory_bytes"] = peak_memory_bytes()
   return result
+
+
+def benchmark_real_batches(cfg: ml_collections.ConfigDict, fns, holder: dict[str, Any],
+                           mesh: jax.sharding.Mesh, count: int) -> dict[str, Any]:
+  """The step on the config's own training batches (length buckets and their padding), as the run's
+  log counts it: real (non-padding) target tokens per second. Every batch shape among the first
+  `count` batches is compiled before timing; the compile time is reported apart."""
+  with tempfile.TemporaryDirectory() as workdir:
+    _, train_pipeline, _ = prepare_data(cfg, Path(workdir), num_devices=jax.device_count())
+    with contextlib.closing(train_pipeline.batches()) as stream:
+      batches = [batch for _, (batch, _) in zip(range(count), stream)]
+  dropout_rng = jax.random.key(1, impl=cfg.train.dropout_rng)
+  step = lambda batch: fns.step(holder["state"], partitioning.shard_batch(batch, mesh), dropout_rng)
+  first_of_shape = {batch["tgt"].shape: batch for batch in batches}
+  log.info("Compiling the train step for %d batch shapes of the config's data",
+           len(first_of_shape))
+  t = time.perf_counter()
+  for batch in first_of_shape.values():
+    holder["state"], sums = step(batch)
+  jax.block_until_ready(sums)
+  compile_sec = time.perf_counter() - t
+  log.info("Timing %d steps on the config's training batches", count)
+  real = sum(int((batch["tgt"] != PAD_ID).sum()) for batch in batches)
+  t = time.perf_counter()
+  for batch in batches:
+    holder["state"], sums = step(batch)
+  jax.block_until_ready(sums)
+  seconds = time.perf_counter() - t
+  return {"real_batches": count, "real_batch_shapes": len(first_of_shape),
+          "real_compile_sec": round(compile_sec, 2), "real_step_sec_mean": seconds / count,
+          "real_target_tokens_per_sec": real / seconds,
+          "real_target_padding_fraction": 1 - real / sum(b["tgt"].size for b in batches)}
 
 
 def benchmark_checkpoint(holder: dict[str, Any], one_step, saves: int,
@@ -283,7 +320,7 @@ def main(argv: list[str]) -> None:
     else:
       result = benchmark(FLAGS.config, FLAGS.batch_tokens, FLAGS.seq_len, FLAGS.steps,
                          FLAGS.warmup, FLAGS.decode_sentences, FLAGS.peak_tflops, FLAGS.measure_peak,
-                         FLAGS.checkpoint_saves, FLAGS.checkpoint_dir)
+                         FLAGS.checkpoint_saves, FLAGS.checkpoint_dir, FLAGS.real_batches)
   except (ConfigError, DataError, DistributedError, checkpoints.CheckpointError) as e:
     sys.exit(f"transformer-benchmark: error: {e}")
   text = json.dumps(result)
@@ -308,6 +345,9 @@ def run() -> None:
   flags.DEFINE_integer("checkpoint_saves", 3, "Timed asynchronous checkpoint saves (0 = skip).")
   flags.DEFINE_string("checkpoint_dir", None, "Where to write them (default: a temporary "
                       "directory); put it on the disk of your workdirs.")
+  flags.DEFINE_integer("real_batches", 0, "Also time this many steps on the config's own training "
+                       "batches (padding included; all their shapes compiled first) and report "
+                       "real target tokens/s, the figure the training log prints.")
   flags.DEFINE_string("output", None, "Also write the JSON result to this file.")
   define_distributed_flags()
   flags.DEFINE_bool("input_pipeline", False, "Time the config's input pipeline instead.")

@@ -1,0 +1,114 @@
+"""Where a training step's time goes: a jax.profiler trace of the step, its ops summed by the model
+code they come from.
+
+    python -m experiments.step_profile [--config=configs/multi30k.py --rows=128 --seq_len=16]
+        [--config.model.dropout=0.0 ...]
+
+Times the jit-compiled step training runs (train.jit_train_fns) on a synthetic batch without padding,
+traces three more steps, maps each executed XLA op to the JAX operation it was compiled from (the
+`op_name` metadata of the compiled HLO) and sums the op time by category: matmuls (the output
+projection over the vocabulary apart), dropout, the loss, LayerNorm, attention's other operations,
+the optimizer and the rest. Op time is summed over XLA's threads, so it adds up to more than the
+step's wall time; read the shares, and time the step itself for speed-ups.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import gzip
+import json
+import re
+import tempfile
+import time
+
+import jax
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+from transformer import partitioning, train
+from transformer.model import ModelConfig, Transformer
+
+config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Run config to profile.")
+flags.DEFINE_integer("rows", 128, "Sentences per batch.")
+flags.DEFINE_integer("seq_len", 16, "Tokens per sentence (source and target).")
+flags.DEFINE_integer("steps", 8, "Timed steps.")
+flags.DEFINE_integer("top", 15, "Also list this many single operations with the most time.")
+FLAGS = flags.FLAGS
+
+
+def category(op: str) -> str:
+  """The part of the step an op belongs to, from its JAX op name."""
+  if "dot_general" in op:
+    return "matmul: output projection (vocabulary)" if "btd,vd->btv" in op else "matmul: layers"
+  if "Dropout" in op or "rng_bit_generator" in op or "random_bits" in op:
+    return "dropout (masks and scaling)"
+  if "token_losses" in op or "log_softmax" in op or op.startswith(("jvp()/", "transpose(jvp())")):
+    return "loss (softmax over the vocabulary)"
+  if "_norm" in op:
+    return "LayerNorm"
+  if "attention" in op:
+    return "attention: softmax, masks, reshapes"
+  if "adam" in op.lower() or "apply_gradients" in op or "ema" in op:
+    return "optimizer update"
+  return "other (embeddings, residual adds, ReLU, transfers)"
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  cfg, vocab_size = FLAGS.config, FLAGS.config.data.vocab_size
+  model = Transformer(ModelConfig.from_config(cfg.model, vocab_size))
+  mesh = partitioning.make_mesh(cfg, vocab_size)
+  fns = train.jit_train_fns(cfg, model, mesh)
+  state = fns.init(jax.random.key(cfg.seed))
+  tokens = np.random.default_rng(0).integers(4, vocab_size, (FLAGS.rows, FLAGS.seq_len), np.int32)
+  batch = partitioning.shard_batch({"src": tokens, "tgt": tokens[::-1].copy()}, mesh)
+  rng = jax.random.key(cfg.seed + 1, impl=cfg.train.dropout_rng)
+  for _ in range(3):
+    state, sums = fns.step(state, batch, rng)
+  jax.block_until_ready(sums)
+  times = []
+  for _ in range(FLAGS.steps):
+    t = time.perf_counter()
+    state, sums = fns.step(state, batch, rng)
+    jax.block_until_ready(sums)
+    times.append(time.perf_counter() - t)
+  step = float(np.median(times))
+  print(f"step {step:.3f} s median (p10-p90 {np.percentile(times, 10):.3f}-"
+        f"{np.percentile(times, 90):.3f}), {tokens.size / step:.0f} target tokens/s")
+
+  with tempfile.TemporaryDirectory() as trace_dir:
+    jax.profiler.start_trace(trace_dir)
+    for _ in range(3):
+      state, sums = fns.step(state, batch, rng)
+    jax.block_until_ready(sums)
+    jax.profiler.stop_trace()
+    trace = json.load(gzip.open(sorted(glob.glob(f"{trace_dir}/**/*.trace.json.gz",
+                                                 recursive=True))[-1]))
+  with jax.set_mesh(mesh):  # fns.step wraps the jitted function (partitioning.with_mesh)
+    hlo = fns.step.__wrapped__.lower(state, batch, rng).compile().as_text()
+  op_names = dict(re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = .*?metadata=\{op_name=\"([^\"]+)\"", hlo,
+                             re.MULTILINE))
+  per_op: collections.Counter = collections.Counter()
+  for event in trace["traceEvents"]:
+    if event.get("ph") == "X" and not event["name"].startswith(("ThunkExecutor", "$")):
+      op = op_names.get(event["name"], event["name"])
+      op = re.sub(r"layers?_\d+", "layer_*", re.sub(r"jit\([^)]*\)/", "", op))
+      per_op[op] += event["dur"] / 3 / 1e3  # ms per step
+  total = sum(per_op.values())
+  by_category: collections.Counter = collections.Counter()
+  for op, ms in per_op.items():
+    by_category[category(op)] += ms
+  print(f"\nop time {total:.0f} ms per step (summed over threads)\n")
+  print("| part of the step | op time per step | share |\n|---|---|---|")
+  for name, ms in by_category.most_common():
+    print(f"| {name} | {ms:.0f} ms | {ms / total:.0%} |")
+  print(f"\nThe {FLAGS.top} single operations with the most time:")
+  for op, ms in per_op.most_common(FLAGS.top):
+    print(f"  {ms:6.1f} ms  {op[:140]}")
+
+
+if __name__ == "__main__":
+  app.run(main)
