@@ -44,10 +44,12 @@ def test_bleu_is_named_by_test_set_and_averaging(tmp_path):
     writer.write("bleu", 500, test_set="validation", averaged=1, bleu=30.5, tokenized_bleu=31.5,
                  signature="nrefs:1|...", beam_size=4)
     writer.write("bleu", 500, test_set="long", averaged=5, bleu=10.25, tokenized_bleu=11.0)
+    writer.write("bleu", 500, test_set="validation", averaged=1, ema=True, bleu=31.0)
   scalars = read_tensorboard(tmp_path / "eval")
   assert {tag: [(s, v) for s, v, _ in points] for tag, points in scalars.items()} == {
       "bleu/validation": [(500, 30.5)], "tokenized_bleu/validation": [(500, 31.5)],
-      "bleu/long_avg5": [(500, 10.25)], "tokenized_bleu/long_avg5": [(500, 11.0)]}
+      "bleu/long_avg5": [(500, 10.25)], "tokenized_bleu/long_avg5": [(500, 11.0)],
+      "bleu/validation_ema": [(500, 31.0)]}
   assert not list(tmp_path.glob("events.*"))  # the evaluation's go to eval/ only
 
 

@@ -73,11 +73,12 @@ def tensorboard_scalars(record: dict[str, Any]) -> dict[str, float]:
   """The TensorBoard scalars of a metrics record: every number of a 'train', 'eval' or 'checkpoint'
   record as 'event/key' (train/loss, eval/perplexity, ...); BLEU as bleu/<test set>, chrf/<test
   set> and tokenized_bleu/<test set> (with _avg<K> for averaged checkpoints, _ens<M> for
-  ensembles)."""
+  ensembles, _ema for the parameters' moving average)."""
   event = record["event"]
   if event == "bleu":
     name = (record["test_set"] + (f"_avg{record['averaged']}" if record.get("averaged", 1) > 1 else "")
-            + (f"_ens{record['ensemble']}" if record.get("ensemble", 1) > 1 else ""))
+            + (f"_ens{record['ensemble']}" if record.get("ensemble", 1) > 1 else "")
+            + ("_ema" if record.get("ema") else ""))
     return {f"{kind}/{name}": record[kind] for kind in ("bleu", "chrf", "tokenized_bleu")
             if kind in record}
   if event not in TENSORBOARD_EVENTS:
