@@ -45,15 +45,23 @@ FLAGS = flags.FLAGS
 VOCAB = 8000
 
 
+class _StandIn(types.ModuleType):
+  """An empty module whose every attribute is another stand-in (their signatures name tf.data...)."""
+
+  def __getattr__(self, name: str) -> _StandIn:
+    return _StandIn(name)
+
+
 def _import_flax_wmt(directory: Path):
   """The example's models and train modules, with empty stand-ins for what only its data pipeline
   and logging use (TensorFlow, clu, its input_pipeline)."""
   if not (directory / "train.py").is_file() or not (directory / "models.py").is_file():
     raise app.UsageError(f"--flax_wmt_dir={directory} has no train.py and models.py; point it at "
                          "examples/wmt of a google/flax checkout")
+  import flax.training.checkpoints  # noqa: F401  (flax.io looks for TensorFlow: before the stand-in)
   for name in ("tensorflow", "clu", "clu.metric_writers", "clu.periodic_actions",
                "clu.deterministic_data", "input_pipeline"):
-    sys.modules.setdefault(name, types.ModuleType(name))
+    sys.modules.setdefault(name, _StandIn(name))
   sys.path.insert(0, str(directory))
   return importlib.import_module("models"), importlib.import_module("train")
 
@@ -99,7 +107,7 @@ def their_step(cfg, tokens: np.ndarray):
                                       learning_rate_fn=schedule,
                                       label_smoothing=cfg.train.label_smoothing),
                     axis_name="batch", donate_argnums=(0,))
-  holder = {"state": jax.device_put_replicated(state, jax.local_devices()[:1])}
+  holder = {"state": jax.tree.map(lambda x: np.asarray(x)[None], state)}  # pmap: one device
   batch = {"inputs": tokens[None], "targets": tokens[::-1].copy()[None]}
   rngs = jax.random.split(jax.random.key(1), 1)
 
