@@ -21,13 +21,13 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from absl import app, flags  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from absl import app, flags
 
-from transformer import checkpoints  # noqa: E402
-from transformer.evaluate import evaluate, report_path  # noqa: E402
-from transformer.metrics import read_metrics, training_clock  # noqa: E402
+from transformer import checkpoints
+from transformer.evaluate import evaluate, report_path
+from transformer.metrics import read_metrics, training_clock
 
 flags.DEFINE_string("output_dir", "experiments/results/default_multi30k", "Where the table and "
                     "the figure go.")

@@ -85,8 +85,8 @@ def main(argv: list[str]) -> None:
       state, sums = fns.step(state, batch, rng)
     jax.block_until_ready(sums)
     jax.profiler.stop_trace()
-    trace = json.load(gzip.open(sorted(glob.glob(f"{trace_dir}/**/*.trace.json.gz",
-                                                 recursive=True))[-1]))
+    with gzip.open(max(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True))) as f:
+      trace = json.load(f)
   with jax.set_mesh(mesh):  # fns.step wraps the jitted function (partitioning.with_mesh)
     hlo = fns.step.__wrapped__.lower(state, batch, rng).compile().as_text()
   op_names = dict(re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = .*?metadata=\{op_name=\"([^\"]+)\"", hlo,

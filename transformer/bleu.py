@@ -1,4 +1,4 @@
-"""BLEU two ways: sacreBLEU (the primary number) and the paper's tokenized, compound-split BLEU.
+r"""BLEU two ways: sacreBLEU (the primary number) and the paper's tokenized, compound-split BLEU.
 
 1. sacreBLEU, cased, 13a, with its signature (chrF, also sacreBLEU's, beside it): computed on
    detokenized text with a fixed, versioned tokenizer, so numbers compare across papers and toolkits.
