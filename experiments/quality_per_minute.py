@@ -1,7 +1,6 @@
 """Validation BLEU against minutes of training: the default run's curve, over seeds, beside a peer's.
 
-    python -m experiments.quality_per_minute runs/d0 runs/d1 \
-        --output_dir=experiments/results/default_multi30k
+    python -m experiments.quality_per_minute runs/d0 runs/d1 [--output_dir=DIR --minutes=10,20,30,40]
 
 For each workdir (one seed each, trained with the same config), the checkpoint closest below 10, 20,
 30 and 40 minutes of training (the run's own clock, metrics.jsonl) and the last one are scored with
