@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.util
 import json
 import sys
 import time
@@ -30,12 +29,14 @@ import jax
 import numpy as np
 import optax
 from absl import app, flags
+from ml_collections import config_flags
 
 from transformer import partitioning, train
 from transformer.model import ModelConfig, Transformer
 
 flags.DEFINE_string("flax_wmt_dir", None, "A checkout's examples/wmt directory (google/flax).")
-flags.DEFINE_string("config", "configs/multi30k.py", "Our config: the model's shape and recipe.")
+config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Our config: the model's shape "
+                                "and recipe.")
 flags.DEFINE_integer("rows", 64, "Sentences per batch.")
 flags.DEFINE_integer("seq_len", 32, "Tokens per sentence (source and target).")
 flags.DEFINE_integer("rounds", 5, "Alternating rounds of timed steps.")
@@ -64,13 +65,6 @@ def _import_flax_wmt(directory: Path):
     sys.modules.setdefault(name, _StandIn(name))
   sys.path.insert(0, str(directory))
   return importlib.import_module("models"), importlib.import_module("train")
-
-
-def _load_config(path: str):
-  spec = importlib.util.spec_from_file_location("config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
 
 
 def our_step(cfg, tokens: np.ndarray):
@@ -122,7 +116,7 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if not FLAGS.flax_wmt_dir:
     raise app.UsageError("pass --flax_wmt_dir=PATH/flax/examples/wmt (a google/flax checkout)")
-  cfg = _load_config(FLAGS.config)
+  cfg = FLAGS.config
   tokens = np.random.default_rng(0).integers(4, VOCAB, (FLAGS.rows, FLAGS.seq_len)).astype(np.int32)
   steps = {"ours": our_step(cfg, tokens), "flax_wmt": their_step(cfg, tokens)}
   times: dict[str, list[float]] = {name: [] for name in steps}
@@ -138,7 +132,7 @@ def main(argv: list[str]) -> None:
   median = {name: float(np.median(t)) for name, t in times.items()}
   tokens_per_step = FLAGS.rows * FLAGS.seq_len
   print(json.dumps({
-      "rows": FLAGS.rows, "seq_len": FLAGS.seq_len, "config": FLAGS.config,
+      "rows": FLAGS.rows, "seq_len": FLAGS.seq_len,
       "step_sec_median": median,
       "target_tokens_per_sec": {k: tokens_per_step / v for k, v in median.items()},
       "speedup_ours_over_flax_wmt": median["flax_wmt"] / median["ours"],

@@ -47,6 +47,7 @@ def test_default_config_is_valid():
     ("data.tokens_per_batch", -100, r"config.data.tokens_per_batch must be a positive integer, got -100"),
     ("model.dropout", 1.5, r"config.model.dropout must be a number in \[0, 1\), got 1.5"),
     ("train.label_smoothing", -0.1, r"config.train.label_smoothing must be a number in \[0, 1\)"),
+    ("train.ema_decay", 1.0, r"config.train.ema_decay must be a number in \[0, 1\), got 1.0"),
     ("train.warmup_steps", -1, r"config.train.warmup_steps must be a positive integer"),
     ("model.dtype", "float8", r"config.model.dtype must be one of"),
     ("data.source", "wmt", r"config.data.source must be one of"),

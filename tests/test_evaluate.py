@@ -4,6 +4,7 @@ n-best lists, sampling independent of batching, forced scores equal to training'
 import dataclasses
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -166,3 +167,16 @@ def test_the_programs_write_nbest_lists_scores_samples_and_ensemble_reports(trai
   assert report["chrf"]["chrf"] == pytest.approx(single["chrf"]["chrf"])
   nbest = (workdir / "eval" / "validation_step6_ens2_ema.nbest.jsonl").read_text().splitlines()
   assert len(nbest) == 40 and len(json.loads(nbest[0])["hypotheses"]) == 2
+
+
+def test_averaging_a_run_with_a_moving_average_averages_both(trained, tmp_path):
+  """transformer-average: the new checkpoint's raw parameters are the mean of the raw ones, its
+  moving average the mean of the moving averages (each read from one restore per checkpoint)."""
+  from transformer.average import average_checkpoints
+  _, workdir = trained
+  assert average_checkpoints(str(workdir), 2, str(tmp_path / "avg")) == [3, 6]
+  for ema in (False, True):
+    got = load_model(tmp_path / "avg", ema=ema)[3]
+    each = [load_model(workdir, step=s, ema=ema)[3] for s in (3, 6)]
+    for g, a, b in zip(*(jax.tree.leaves(t) for t in (got, *each))):
+      np.testing.assert_allclose(g, (a + b) / 2, rtol=1e-6, atol=1e-7)

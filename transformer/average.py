@@ -45,11 +45,14 @@ def average_checkpoints(workdir: str, last: int, output: str, step: int | None =
   abstract = abstract_train_state(cfg, model, partitioning.replicated(partitioning.data_mesh()))
   source = checkpoints.manager(workdir, read_only=True)
   steps = checkpoints.last_steps(source, last, up_to=step)
-  params = checkpoints.average_params(source, abstract, steps, ema=False)
   state, data_state = checkpoints.restore(source, abstract, steps[-1], with_data=True)
-  state = state.replace(params=params)
-  if checkpoints.params_of(state) is not state.params:  # the run keeps a moving average
-    state = state.replace(ema_params=checkpoints.average_params(source, abstract, steps))
+  if cfg.train.ema_decay > 0:  # the parameters and their moving average, each averaged
+    params, ema = checkpoints.average_params(source, abstract, steps,
+                                             lambda s: (s.params, s.ema_params))
+    state = state.replace(params=params, ema_params=ema)
+  else:
+    state = state.replace(params=checkpoints.average_params(source, abstract, steps,
+                                                            lambda s: s.params))
   output.mkdir(parents=True, exist_ok=True)
   for name in (checkpoints.CONFIG_FILE, vocab_lib.VOCAB_FILE):
     shutil.copyfile(workdir / name, output / name)

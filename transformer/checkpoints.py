@@ -24,6 +24,7 @@ import re
 import shutil
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -265,15 +266,16 @@ def params_of(state: Any, ema: bool = True) -> Any:
 
 
 def average_params(mngr: ocp.CheckpointManager, abstract_state: Any, steps: list[int],
-                   ema: bool = True) -> Any:
-  """The arithmetic mean (float32) of the parameters (`params_of`) of checkpoints `steps`.
+                   pick: Callable[[Any], Any] = params_of) -> Any:
+  """The arithmetic mean (float32) of `pick(state)` over checkpoints `steps`: by default their
+  parameters (`params_of`: the moving average where the run keeps one).
 
   Restores one checkpoint at a time into a running sum, so memory holds the sum and one train
   state, never N of them.
   """
   total = None
   for step in steps:
-    params = params_of(restore(mngr, abstract_state, step), ema)
+    params = pick(restore(mngr, abstract_state, step))
     params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
     total = params if total is None else jax.tree.map(jnp.add, total, params)
     del params

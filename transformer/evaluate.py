@@ -56,7 +56,9 @@ def load_model(workdir: str | Path, step: int | None = None, average_last: int =
     return cfg, vocab, model, checkpoints.params_of(state, ema), [int(state.step)]
   steps = checkpoints.last_steps(mngr, average_last, up_to=step)
   log.info("Averaging the parameters of the checkpoints at steps %s", ", ".join(map(str, steps)))
-  return cfg, vocab, model, checkpoints.average_params(mngr, abstract, steps, ema), steps
+  params = checkpoints.average_params(mngr, abstract, steps,
+                                      lambda state: checkpoints.params_of(state, ema))
+  return cfg, vocab, model, params, steps
 
 
 def load_ensemble(workdir: str, ensemble: Sequence[str] = (), step: int | None = None,
@@ -173,7 +175,7 @@ def main(argv: list[str]) -> None:
     if FLAGS.watch:
       from transformer.watch import watch
       watch(FLAGS.workdir, poll_seconds=FLAGS.poll_seconds, idle_minutes=FLAGS.idle_minutes,
-            **search_overrides())
+            ema=FLAGS.ema, **search_overrides())
       return
     args = (FLAGS.workdir, FLAGS.step, FLAGS.split, FLAGS.source_file, FLAGS.reference_file,
             FLAGS.average_last, FLAGS.ensemble)
