@@ -27,6 +27,7 @@ from absl import app, flags
 from transformer import checkpoints
 from transformer.evaluate import evaluate, report_path
 from transformer.metrics import read_metrics, training_clock
+from transformer.cli import run_program
 
 flags.DEFINE_string("output_dir", "experiments/results/default_multi30k", "Where the table and "
                     "the figure go.")
@@ -116,4 +117,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_program("experiments.quality_per_minute", main)

@@ -19,6 +19,7 @@ from absl import app, flags
 from transformer import bleu, translator
 from transformer.data import sources
 from transformer.evaluate import load_model
+from transformer.cli import run_program
 
 flags.DEFINE_string("workdir", None, "Training workdir.")
 flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
@@ -89,4 +90,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_program("experiments.short_outputs", main)

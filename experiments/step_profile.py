@@ -9,7 +9,9 @@ traces three more steps, maps each executed XLA op to the JAX operation it was c
 `op_name` metadata of the compiled HLO) and sums the op time by category: matmuls (the output
 projection over the vocabulary apart), dropout, the loss, LayerNorm, attention's other operations,
 the optimizer and the rest. Op time is summed over XLA's threads, so it adds up to more than the
-step's wall time; read the shares, and time the step itself for speed-ups.
+step's wall time; read the shares, and time the step itself for speed-ups. The timed steps' page
+faults and kernel time show what the host's memory allocation costs (transformer/host_memory.py;
+`TRANSFORMER_MALLOC_DEFAULTS=1` runs with malloc as glibc sets it).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import glob
 import gzip
 import json
 import re
+import resource
 import tempfile
 import time
 
@@ -29,6 +32,7 @@ from ml_collections import config_flags
 
 from transformer import partitioning, train
 from transformer.model import ModelConfig, Transformer
+from transformer.cli import run_program
 
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Run config to profile.")
 flags.DEFINE_integer("rows", 128, "Sentences per batch.")
@@ -70,14 +74,18 @@ def main(argv: list[str]) -> None:
     state, sums = fns.step(state, batch, rng)
   jax.block_until_ready(sums)
   times = []
+  usage = resource.getrusage(resource.RUSAGE_SELF)
   for _ in range(FLAGS.steps):
     t = time.perf_counter()
     state, sums = fns.step(state, batch, rng)
     jax.block_until_ready(sums)
     times.append(time.perf_counter() - t)
+  after = resource.getrusage(resource.RUSAGE_SELF)
   step = float(np.median(times))
   print(f"step {step:.3f} s median (p10-p90 {np.percentile(times, 10):.3f}-"
-        f"{np.percentile(times, 90):.3f}), {tokens.size / step:.0f} target tokens/s")
+        f"{np.percentile(times, 90):.3f}), {tokens.size / step:.0f} target tokens/s; per step "
+        f"{(after.ru_minflt - usage.ru_minflt) / FLAGS.steps:,.0f} page faults, "
+        f"{(after.ru_stime - usage.ru_stime) / FLAGS.steps:.3f} s in the kernel")
 
   with tempfile.TemporaryDirectory() as trace_dir:
     jax.profiler.start_trace(trace_dir)
@@ -111,4 +119,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_program("experiments.step_profile", main)

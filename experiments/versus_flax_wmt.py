@@ -33,6 +33,7 @@ from ml_collections import config_flags
 
 from transformer import partitioning, train
 from transformer.model import ModelConfig, Transformer
+from transformer.cli import run_program
 
 flags.DEFINE_string("flax_wmt_dir", None, "A checkout's examples/wmt directory (google/flax).")
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Our config: the model's shape "
@@ -141,4 +142,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_program("experiments.versus_flax_wmt", main)

@@ -16,6 +16,7 @@ from transformer.model import (
   analytic_param_count,
   attention_kernel,
   dot_product_attention,
+  output_logits,
   shift_right,
   sinusoidal_encoding,
 )
@@ -176,6 +177,22 @@ def test_logits_are_float32_with_bfloat16_activations(rng):
   logits = model.apply({"params": params}, random_tokens(rng, 1, 4, 24), random_tokens(rng, 1, 4, 24))
   assert logits.dtype == jnp.float32
   assert jax.tree.leaves(params)[0].dtype == jnp.float32
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_output_projection_gradients_match_autodiff_of_the_einsum(rng, dtype):
+  x = jnp.asarray(rng.normal(size=(3, 5, 16)), dtype)
+  matrix = jnp.asarray(rng.normal(size=(40, 16)) / 4, dtype)
+  weights = jnp.asarray(rng.normal(size=(3, 5, 40)), jnp.float32)  # a loss that uses every logit
+  einsum = lambda x, m: jnp.einsum("btd,vd->btv", x, m, preferred_element_type=jnp.float32)
+  loss = lambda project: lambda x, m: (jnp.sin(project(x, m)) * weights).sum()
+  ours = jax.grad(loss(output_logits), argnums=(0, 1))(x, matrix)
+  reference = jax.grad(loss(einsum), argnums=(0, 1))(x, matrix)
+  np.testing.assert_array_equal(output_logits(x, matrix), einsum(x, matrix))
+  tolerance = 1e-5 if dtype == jnp.float32 else 2e-2
+  for got, want in zip(ours, reference):
+    assert got.dtype == want.dtype == dtype
+    np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=tolerance, atol=tolerance)
 
 
 PAPER_SIZES = {  # (N, d_model, d_ff, heads) -> exact count at a shared vocabulary of 37000

@@ -119,7 +119,14 @@ def initialize_distributed() -> None:
 
 
 def run_program(program: str, main: Callable[[list[str]], None]) -> None:
-  """absl's app.run with one-line flag errors, and our log set-up once absl has made its own."""
+  """absl's app.run with one-line flag errors, and our log set-up once absl has made its own.
+
+  First of all, before JAX starts its backend, malloc is set to reuse XLA's per-call CPU
+  temporaries (host_memory.py).
+  """
+  from transformer.host_memory import reuse_freed_memory
+  reuse_freed_memory()
+
   def main_with_logging(argv: list[str]) -> None:
     setup_logging()
     try:
