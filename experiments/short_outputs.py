@@ -17,9 +17,9 @@ from pathlib import Path
 from absl import app, flags
 
 from transformer import bleu, translator
+from transformer.cli import run_program
 from transformer.data import sources
 from transformer.evaluate import load_model
-from transformer.cli import run_program
 
 flags.DEFINE_string("workdir", None, "Training workdir.")
 flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")

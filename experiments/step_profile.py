@@ -31,8 +31,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from transformer import partitioning, train
-from transformer.model import ModelConfig, Transformer
 from transformer.cli import run_program
+from transformer.model import ModelConfig, Transformer
 
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Run config to profile.")
 flags.DEFINE_integer("rows", 128, "Sentences per batch.")

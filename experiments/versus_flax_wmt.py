@@ -32,8 +32,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from transformer import partitioning, train
-from transformer.model import ModelConfig, Transformer
 from transformer.cli import run_program
+from transformer.model import ModelConfig, Transformer
 
 flags.DEFINE_string("flax_wmt_dir", None, "A checkout's examples/wmt directory (google/flax).")
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Our config: the model's shape "
