@@ -3,7 +3,7 @@
 XLA's CPU runtime allocates each call's temporaries as one block (600 MB for the default config's
 train step) and frees it when the call ends. glibc's malloc serves a block that large with a fresh
 `mmap` and returns it with `munmap`, so every step touched 150k new pages: each a page fault the
-kernel zero-fills, 12-18% of the default CPU step (docs/performance.md). The numbers computed do not
+kernel zero-fills, 12-17% of the default CPU step (docs/performance.md). The numbers computed do not
 change, only where the memory comes from.
 
 `reuse_freed_memory()` makes malloc serve large blocks from the heap and keep what is freed, so the
