@@ -69,7 +69,7 @@ def main(argv: list[str]) -> None:
   state = fns.init(jax.random.key(cfg.seed))
   tokens = np.random.default_rng(0).integers(4, vocab_size, (FLAGS.rows, FLAGS.seq_len), np.int32)
   batch = partitioning.shard_batch({"src": tokens, "tgt": tokens[::-1].copy()}, mesh)
-  rng = jax.random.key(cfg.seed + 1, impl=cfg.train.dropout_rng)
+  rng = train.dropout_key(cfg)
   for _ in range(3):
     state, sums = fns.step(state, batch, rng)
   jax.block_until_ready(sums)
@@ -101,8 +101,11 @@ def main(argv: list[str]) -> None:
                              re.MULTILINE))
   per_op: collections.Counter = collections.Counter()
   for event in trace["traceEvents"]:
-    if event.get("ph") == "X" and not event["name"].startswith(("ThunkExecutor", "$")):
-      op = op_names.get(event["name"], event["name"])
+    name = event.get("name", "")
+    # XLA's ops only: HLO instruction names are lower case (`fusion.12`); the runtime's own events
+    # (`PjitFunction(train_step)`, `CommonPjRtLoadedExecutable::...`) enclose the ops they run.
+    if event.get("ph") == "X" and (name in op_names or re.fullmatch(r"[a-z_]+(\.\d+)?", name)):
+      op = op_names.get(name, name)
       op = re.sub(r"layers?_\d+", "layer_*", re.sub(r"jit\([^)]*\)/", "", op))
       per_op[op] += event["dur"] / 3 / 1e3  # ms per step
   total = sum(per_op.values())

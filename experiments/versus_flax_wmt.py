@@ -75,7 +75,7 @@ def our_step(cfg, tokens: np.ndarray):
   fns = train.jit_train_fns(cfg, model, mesh)
   holder = {"state": fns.init(jax.random.key(0))}
   batch = partitioning.shard_batch({"src": tokens, "tgt": tokens[::-1].copy()}, mesh)
-  rng = jax.random.key(1, impl=cfg.train.dropout_rng)
+  rng = train.dropout_key(cfg)
 
   def step():
     holder["state"], sums = fns.step(holder["state"], batch, rng)

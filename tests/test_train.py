@@ -10,11 +10,12 @@ import optax
 import pytest
 from conftest import init_params, random_tokens, tiny_model_config
 
-from transformer.config import base_config
+from transformer.config import RNG_IMPLS, base_config
 from transformer.model import Transformer, shift_right
 from transformer.train import (
   EmaTrainState,
   TrainState,
+  dropout_key,
   ema_decay_at,
   forward,
   learning_rate_schedule,
@@ -202,3 +203,30 @@ def test_packed_decoder_input_starts_every_pair_with_bos():
   segments = jnp.array([[1, 1, 1, 2, 2, 3, 3, 3, 0, 0]])
   assert shift_right(tgt, segments).tolist() == [[2, 5, 6, 2, 7, 2, 8, 9, 0, 0]]
   assert shift_right(tgt).tolist() == [[2, 5, 6, 1, 7, 1, 8, 9, 0, 0]]  # unpacked: one sequence
+
+
+@pytest.mark.parametrize("impl", RNG_IMPLS)
+def test_dropout_keys_draw_fair_masks_that_depend_on_seed_and_step(impl):
+  cfg = base_config()
+  cfg.train.dropout_rng = impl
+  key = dropout_key(cfg)
+  mask = lambda k: np.asarray(jax.random.bernoulli(k, 0.9, (1000, 1000)))
+  kept = mask(key).mean()
+  assert abs(kept - 0.9) < 5 * math.sqrt(0.9 * 0.1 / 1e6)  # within five standard errors
+  np.testing.assert_array_equal(mask(key), mask(dropout_key(cfg)))  # resume draws the same masks
+  assert (mask(jax.random.fold_in(key, 1)) != mask(key)).mean() > 0.1  # another step, another mask
+  cfg.seed += 1
+  assert (mask(dropout_key(cfg)) != mask(key)).mean() > 0.1
+
+
+def test_unsafe_rbg_threefry_draws_xla_threefry_bits_from_unsafe_rbg_keys():
+  cfg = base_config()
+  cfg.train.dropout_rng = "unsafe_rbg_threefry"
+  key = dropout_key(cfg)
+  cfg.train.dropout_rng = "unsafe_rbg"
+  rbg_key = dropout_key(cfg)
+  np.testing.assert_array_equal(jax.random.key_data(key), jax.random.key_data(rbg_key))
+  expected = jax.lax.rng_bit_generator(jax.random.key_data(key), (64,), dtype=jnp.uint32,
+                                       algorithm=jax.lax.RandomAlgorithm.RNG_THREE_FRY)[1]
+  np.testing.assert_array_equal(jax.random.bits(key, (64,)), expected)
+  assert (np.asarray(jax.random.bits(rbg_key, (64,))) != np.asarray(expected)).all()

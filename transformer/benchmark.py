@@ -54,7 +54,7 @@ from transformer.data.sources import DataError
 from transformer.distributed import DistributedError
 from transformer.info import table_peak, training_flops_per_target_token
 from transformer.model import EOS_ID, PAD_ID, ModelConfig, Transformer
-from transformer.train import jit_train_fns, prepare_data
+from transformer.train import dropout_key, jit_train_fns, prepare_data
 
 FLAGS = flags.FLAGS
 log = logging.getLogger("transformer")
@@ -120,7 +120,7 @@ def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int | None, seq_len:
   batch = partitioning.shard_batch({"src": synthetic_tokens(rows, seq_len, config.vocab_size, 0),
                                     "tgt": synthetic_tokens(rows, seq_len, config.vocab_size, 1)},
                                    mesh)
-  dropout_rng = jax.random.key(1, impl=cfg.train.dropout_rng)
+  dropout_rng = dropout_key(cfg)
   holder = {"state": state}
 
   def one_step():
@@ -182,7 +182,7 @@ def benchmark_real_batches(cfg: ml_collections.ConfigDict, fns, holder: dict[str
     _, train_pipeline, _ = prepare_data(cfg, Path(workdir), num_devices=jax.device_count())
     with contextlib.closing(train_pipeline.batches()) as stream:
       batches = [batch for _, (batch, _) in zip(range(count), stream)]
-  dropout_rng = jax.random.key(1, impl=cfg.train.dropout_rng)
+  dropout_rng = dropout_key(cfg)
   step = lambda batch: fns.step(holder["state"], partitioning.shard_batch(batch, mesh), dropout_rng)
   first_of_shape = {batch["tgt"].shape: batch for batch in batches}
   log.info("Compiling the train step for %d batch shapes of the config's data",
