@@ -27,7 +27,7 @@ def get_config():
   c.data.max_len = 128
   c.data.tokens_per_batch = 2048
 
-  c.train.steps = 3300
+  c.train.steps = 3500
   c.train.warmup_steps = 800
   c.train.learning_rate = 1.0
   c.train.ema_decay = 0.999  # transformer-eval scores this moving average (and the raw parameters beside it)
