@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from transformer.config import ConfigError
+
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
@@ -45,13 +47,13 @@ class Grid:
   def __post_init__(self):
     names = [v.name for v in self.variants]
     if not names:
-      raise ValueError(f"grid {self.name!r} has no variants")
+      raise ConfigError(f"grid {self.name!r} has no variants")
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-      raise ValueError(f"grid {self.name!r} names variants more than once: {', '.join(duplicates)}")
+      raise ConfigError(f"grid {self.name!r} names variants more than once: {', '.join(duplicates)}")
     bad = [n for n in names if not n or "/" in n or n.startswith(".")]
     if bad:
-      raise ValueError(f"grid {self.name!r}: variant names must be plain folder names, got {bad}")
+      raise ConfigError(f"grid {self.name!r}: variant names must be plain folder names, got {bad}")
 
 
 def table3() -> Grid:
@@ -90,16 +92,16 @@ def load_grid(name_or_path: str) -> Grid:
     return BUILT_IN[name_or_path]()
   path = Path(name_or_path)
   if path.suffix != ".py":
-    raise ValueError(f"unknown grid {name_or_path!r}: use one of {', '.join(BUILT_IN)} or a .py file "
+    raise ConfigError(f"unknown grid {name_or_path!r}: use one of {', '.join(BUILT_IN)} or a .py file "
                      "with a get_grid() function")
   if not path.is_file():
-    raise ValueError(f"grid file {path} not found")
+    raise ConfigError(f"grid file {path} not found")
   spec = importlib.util.spec_from_file_location(f"grid_{path.stem}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   if not hasattr(module, "get_grid"):
-    raise ValueError(f"{path} has no get_grid() function returning an experiments.grids.Grid")
+    raise ConfigError(f"{path} has no get_grid() function returning an experiments.grids.Grid")
   grid = module.get_grid()
   if not isinstance(grid, Grid):
-    raise ValueError(f"{path}: get_grid() returned {type(grid).__name__}, not an experiments.grids.Grid")
+    raise ConfigError(f"{path}: get_grid() returned {type(grid).__name__}, not an experiments.grids.Grid")
   return grid

@@ -169,17 +169,14 @@ def main(argv: list[str]) -> None:
     raise app.UsageError("pass --base=configs/multi30k.py (the config every variant changes)")
   if FLAGS.seeds < 1:
     raise app.UsageError(f"--seeds must be at least 1, got {FLAGS.seeds}")
-  try:
-    grid = load_grid(argv[1])
-    root = Path(FLAGS.root or f"runs/experiments/{grid.name}")
-    seeds = list(range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.seeds))
-    base = validate(FLAGS.base)
-    for variant in grid.variants:  # every variant checked before anything runs
-      variant_config(base, variant, seeds[0])
-    files = {name: test_sets.build(name, base, seeds[0], root / "test_sets")
-             for name in grid.test_sets}
-  except (ValueError, OSError) as e:  # ConfigError and DataError are ValueErrors
-    sys.exit(f"experiments.run: error: {e}")
+  grid = load_grid(argv[1])
+  root = Path(FLAGS.root or f"runs/experiments/{grid.name}")
+  seeds = list(range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.seeds))
+  base = validate(FLAGS.base)
+  for variant in grid.variants:  # every variant checked before anything runs
+    variant_config(base, variant, seeds[0])
+  files = {name: test_sets.build(name, base, seeds[0], root / "test_sets")
+           for name in grid.test_sets}
   runs = plan(grid, base, base_arguments(sys.argv), seeds, root, files)
   if FLAGS.print_commands:
     for run in runs:

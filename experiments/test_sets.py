@@ -20,6 +20,7 @@ import ml_collections
 import numpy as np
 import sentencepiece as spm
 
+from transformer.config import ConfigError
 from transformer.data import sources
 from transformer.data import vocab as vocab_lib
 
@@ -82,14 +83,14 @@ def long_sentences(cfg: ml_collections.ConfigDict, vocab: spm.SentencePieceProce
   """Writes out_dir/long.{src,tgt} and long.json; returns the description stored there."""
   longest = longest_training_source(cfg, vocab)
   if longest >= cfg.data.max_len:
-    raise ValueError(f"training keeps sources up to config.data.max_len = {cfg.data.max_len} tokens, "
+    raise ConfigError(f"training keeps sources up to config.data.max_len = {cfg.data.max_len} tokens, "
                      "so a longer test sentence would be truncated at evaluation; lower data.max_len "
                      "(e.g. --base.data.max_len=64) to test length extrapolation")
   dev = sources.load_split(cfg.data, cfg.data.eval_split)
   source, target = join_until_longer(dev.source, dev.target, vocab, longest, cfg.data.max_len,
                                      cfg.data.src_lang, cfg.data.tgt_lang)
   if not source:
-    raise ValueError(f"no joined dev sentences fit between {longest} and {cfg.data.max_len} tokens")
+    raise ConfigError(f"no joined dev sentences fit between {longest} and {cfg.data.max_len} tokens")
   lengths = np.array([len(ids) + 1 for ids in vocab.encode(source)])
   info = {"name": "long", "how": "consecutive dev pairs joined into one sentence (', and' / ', und') "
                                  "until the source is longer than the longest training source",
@@ -117,7 +118,7 @@ def build(name: str, cfg: ml_collections.ConfigDict, seed: int, out_dir: Path) -
   The vocabulary is the one training builds and caches for this dataset and `seed`.
   """
   if name not in BUILDERS:
-    raise ValueError(f"unknown test set {name!r}; known: {', '.join(BUILDERS)}")
+    raise ConfigError(f"unknown test set {name!r}; known: {', '.join(BUILDERS)}")
   described = out_dir / f"{name}.json"
   if described.is_file():
     return json.loads(described.read_text())

@@ -1,7 +1,7 @@
 """Every mistake a user can make ends in one clear line, a non-zero exit, and nothing written.
 
 Each case runs a program as a user would (`python -m transformer.<program> ...`), checks that it
-exits with status 1, that its last line is the program's one-line error with the expected message
+exits with status 2 (cli.run_program's status for a user's mistake), that its last line is the program's one-line error with the expected message
 (and no traceback anywhere), and that every file it could have touched is byte for byte as before:
 a new workdir is not created, an existing run is not changed.
 """
@@ -9,6 +9,8 @@ a new workdir is not created, an existing run is not changed.
 import concurrent.futures
 import dataclasses
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -141,12 +143,16 @@ CASES = {
     "vocabulary does not match the run": Case(
         "train", ("--workdir={run}", "--config.data.vocab_size=200", "--allow_config_change"),
         "{run}/vocab.model has 300 pieces, but config.data.vocab_size is 200", True),
+    "workdir is a file": Case("train", ("--workdir={tmp}/file",),
+                              "--workdir={tmp}/file is a file, not a directory", True,
+                              prepare=lambda tmp, run: (tmp / "file").write_text("notes\n")),
     "every checkpoint broken (train)": Case(
         "train", ("--workdir={tmp}/copy",),
         "no checkpoint in {tmp}/copy/checkpoints can be restored: step 6 (", True,
         prepare=damage_all_checkpoints),
     # ---------------------------------------------------------------------------------- evaluation
     "not a workdir": Case("evaluate", ("--workdir={new}",), "is not a training workdir"),
+    "no workdir": Case("evaluate", (), "pass --workdir=DIR, the directory transformer-train wrote"),
     "no checkpoint": Case("evaluate", ("--workdir={tmp}/copy",),
                           "no checkpoint in {tmp}/copy/checkpoints; train first",
                           prepare=lambda tmp, run: copy_run(tmp, run, drop=["checkpoints"])),
@@ -259,7 +265,7 @@ def outcomes(trained, tmp_path_factory):
 def test_bad_input_is_one_clear_line_and_writes_nothing(name, outcomes):
   out, message, before, after = outcomes[name]
   stderr = out.stderr.decode() if isinstance(out.stderr, bytes) else out.stderr
-  assert out.returncode == 1, stderr[-3000:]
+  assert out.returncode == 2, stderr[-3000:]
   assert "Traceback" not in stderr, stderr[-3000:]
   last = stderr.strip().splitlines()[-1]
   program = {"evaluate": "transformer-eval"}.get(CASES[name].program,
@@ -267,3 +273,14 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(name, outcomes):
   assert last.startswith(f"{program}: error: "), stderr[-3000:]
   assert message in last, last
   assert after == before  # nothing written, overwritten or deleted
+
+
+def test_an_unexpected_error_keeps_its_traceback_and_exits_1(tmp_path):
+  """Our bugs are not dressed up as user errors: the traceback stays and the status is 1."""
+  script = tmp_path / "broken_program.py"
+  script.write_text("from transformer.cli import run_program\n"
+                    "def main(argv):\n  raise RuntimeError('a bug of ours')\n"
+                    "run_program('broken-program', main)\n")
+  out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+  assert out.returncode == 1
+  assert "Traceback" in out.stderr and out.stderr.strip().endswith("RuntimeError: a bug of ours")

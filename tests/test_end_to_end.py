@@ -154,7 +154,8 @@ def test_console_scripts_explain_themselves():
                            ("transformer-attention", "--source: The source sentence.")):
     out = subprocess.run([shutil.which(script), "--help"], capture_output=True, text=True,
                          env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=120)
-    assert expected in out.stdout, out.stdout + out.stderr[-2000:]  # (absl exits 1 after --help)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert expected in out.stdout, out.stdout + out.stderr[-2000:]
     assert f"{script} --workdir=runs/m30k" in out.stdout
     assert "--progress: <auto|bar|lines|off>" in out.stdout or script == "transformer-attention"
 

@@ -154,6 +154,6 @@ def test_prepare_command_line_errors(tmp_path):
   out = run()
   assert out.returncode != 0 and "name a dataset" in out.stderr
   out = run("wmt99_xx", f"--data_dir={tmp_path}")
-  assert out.returncode == 1
+  assert out.returncode == 2
   assert out.stderr.strip().splitlines()[-1].startswith(
       "transformer.data.prepare: error: unknown TFDS dataset 'wmt99_xx'")

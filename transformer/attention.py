@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +30,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from transformer import checkpoints  # noqa: E402
 from transformer.config import ConfigError  # noqa: E402
-from transformer.data import sources  # noqa: E402
 from transformer.model import (  # noqa: E402
   BOS_ID,
   EOS_ID,
@@ -242,11 +239,8 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.workdir is None or FLAGS.source is None:
     raise app.UsageError("pass --workdir=DIR (a training workdir) and --source=\"a sentence\"")
-  try:
-    maps, files, step = visualize(FLAGS.workdir, FLAGS.source, FLAGS.target, FLAGS.step,
-                                  FLAGS.output_dir)
-  except (ConfigError, sources.DataError, checkpoints.CheckpointError) as e:
-    sys.exit(f"transformer-attention: error: {e}")
+  maps, files, step = visualize(FLAGS.workdir, FLAGS.source, FLAGS.target, FLAGS.step,
+                                FLAGS.output_dir)
   grids = [f for f in files if f.parent.name != "heads"]
   print(f"step {step}: {len(maps.source_tokens)} source x {len(maps.decoder_tokens)} target tokens; "
         f"wrote {len(files)} files to {grids[0].parent}:")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 from absl import app, flags
@@ -24,7 +23,6 @@ from transformer import checkpoints, partitioning
 from transformer.cli import run_program
 from transformer.config import ConfigError
 from transformer.data import vocab as vocab_lib
-from transformer.data.sources import DataError
 from transformer.model import ModelConfig, Transformer
 from transformer.train import abstract_train_state
 
@@ -69,10 +67,7 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.workdir is None or FLAGS.output is None:
     raise app.UsageError("pass --workdir=DIR (a training workdir), --last=N and --output=NEW_DIR")
-  try:
-    steps = average_checkpoints(FLAGS.workdir, FLAGS.last, FLAGS.output, FLAGS.step)
-  except (ConfigError, DataError, checkpoints.CheckpointError) as e:
-    sys.exit(f"transformer-average: error: {e}")
+  steps = average_checkpoints(FLAGS.workdir, FLAGS.last, FLAGS.output, FLAGS.step)
   print(f"averaged steps {', '.join(map(str, steps))} of {FLAGS.workdir} into {FLAGS.output}; "
         f"evaluate with: transformer-eval --workdir={FLAGS.output}")
 

@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -47,11 +46,10 @@ from transformer.cli import (
   initialize_distributed,
   run_program,
 )
-from transformer.config import ConfigError, validate
+from transformer.config import validate
 from transformer.data import sources
 from transformer.data import vocab as vocab_lib
 from transformer.data.sources import DataError
-from transformer.distributed import DistributedError
 from transformer.info import table_peak, training_flops_per_target_token
 from transformer.model import EOS_ID, PAD_ID, ModelConfig, Transformer
 from transformer.train import dropout_key, jit_train_fns, prepare_data
@@ -313,16 +311,13 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.config is None:
     raise app.UsageError("pass --config=configs/wmt14_ende.py:base (or another config)")
-  try:
-    initialize_distributed()
-    if FLAGS.input_pipeline:
-      result = benchmark_input(FLAGS.config, FLAGS.batches)
-    else:
-      result = benchmark(FLAGS.config, FLAGS.batch_tokens, FLAGS.seq_len, FLAGS.steps,
-                         FLAGS.warmup, FLAGS.decode_sentences, FLAGS.peak_tflops, FLAGS.measure_peak,
-                         FLAGS.checkpoint_saves, FLAGS.checkpoint_dir, FLAGS.real_batches)
-  except (ConfigError, DataError, DistributedError, checkpoints.CheckpointError) as e:
-    sys.exit(f"transformer-benchmark: error: {e}")
+  initialize_distributed()
+  if FLAGS.input_pipeline:
+    result = benchmark_input(FLAGS.config, FLAGS.batches)
+  else:
+    result = benchmark(FLAGS.config, FLAGS.batch_tokens, FLAGS.seq_len, FLAGS.steps,
+                       FLAGS.warmup, FLAGS.decode_sentences, FLAGS.peak_tflops, FLAGS.measure_peak,
+                       FLAGS.checkpoint_saves, FLAGS.checkpoint_dir, FLAGS.real_batches)
   text = json.dumps(result)
   if jax.process_index() == 0:
     print(text)

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
 
+from transformer.errors import UserError
 from transformer.config import ConfigError, base_config
 
 log = logging.getLogger("transformer")
@@ -49,7 +50,7 @@ FIXED_KEYS = {"model": None,  # every key
                        "train_split", "vocab_size", "vocab_model_type")}
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
   """A checkpoint that is missing or cannot be restored; the message says what to do."""
 
 

@@ -1,4 +1,11 @@
-"""What the command-line programs share: flag parsing that fails in one line, and log set-up."""
+"""What the command-line programs share: one runner (`run_program`), flag parsing that fails in one
+line, and log set-up.
+
+Every program ends the same way: a user's mistake (a flag, a config value, a path, a file:
+errors.UserError, or absl's UsageError) prints `<program>: error: <what and how to fix it>` on
+stderr and exits with status 2; `--help` prints the usage and exits 0; anything else is a bug and
+keeps its traceback (status 1).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,8 @@ import sys
 from collections.abc import Callable
 
 from absl import app, flags
+
+from transformer.errors import EXIT_USER_ERROR, UserError
 
 
 def flags_parser(program: str) -> Callable[[list[str]], list[str]]:
@@ -24,30 +33,43 @@ def flags_parser(program: str) -> Callable[[list[str]], list[str]]:
       if len(lines) > 1:  # a traceback from inside get_config(): keep the flag and the last line
         head = lines[0].split(": Error whilst")[0]
         lines = [f"{head}: {re.sub(r'^[A-Za-z.]*Error: ', '', lines[-1])}"]
-      sys.exit(f"{program}: error: {lines[0]}")
+      fail(program, lines[0])
     except SyntaxError as e:  # the config file is not valid Python
-      sys.exit(f"{program}: error: cannot load --config={config_path(argv)}: {e.msg} at line "
+      fail(program, f"cannot load --config={config_path(argv)}: {e.msg} at line "
                f"{e.lineno} of {e.filename}")
     except (AttributeError, KeyError) as e:  # ml_collections: an override of a key that does not exist
       if "get_config" in str(e):
-        sys.exit(f"{program}: error: cannot load --config={config_path(argv)}: it defines no "
+        fail(program, f"cannot load --config={config_path(argv)}: it defines no "
                  "get_config() function (see configs/multi30k.py)")
       key = str(e).strip("\"'")
       bad = [a.split("=")[0] for a in argv
              if a.startswith("--config.") and re.search(rf"[.]{re.escape(key)}\b", a.split("=")[0])]
       where = f" ({bad[0]})" if bad else ""
-      sys.exit(f"{program}: error: unknown config key {key!r}{where}; every key is listed in "
+      fail(program, f"unknown config key {key!r}{where}; every key is listed in "
                "transformer/config.py")
+    except SystemExit as e:  # absl's --help exits 1 after printing the usage; asking is no error
+      if e.code == 1 and any(a.split("=")[0] in HELP_FLAGS for a in argv[1:]):
+        sys.exit(0)
+      raise
     except BrokenPipeError:  # `--help | head`: the reader has gone; leave quietly
       os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
       sys.exit(1)
     except OSError as e:  # ml_collections could not load the config file
       reason = str(e).strip().splitlines()[-1].strip()
       reason = reason.split("because of an earlier failure to load: ")[-1]
-      sys.exit(f"{program}: error: cannot load --config={config_path(argv)}: {reason}")
+      fail(program, f"cannot load --config={config_path(argv)}: {reason}")
     except ValueError as e:  # raised by a get_config(), e.g. an unknown ':size'
-      sys.exit(f"{program}: error: {e}")
+      fail(program, e)
   return parse
+
+
+HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
+
+
+def fail(program: str, message: object) -> None:
+  """Ends the program for a user's mistake: one line on stderr, exit status 2."""
+  print(f"{program}: error: {message}", file=sys.stderr)
+  sys.exit(EXIT_USER_ERROR)
 
 
 def config_path(argv: list[str]) -> str:
@@ -119,7 +141,8 @@ def initialize_distributed() -> None:
 
 
 def run_program(program: str, main: Callable[[list[str]], None]) -> None:
-  """absl's app.run with one-line flag errors, and our log set-up once absl has made its own.
+  """absl's app.run with one-line errors (module docstring), and our log set-up once absl has
+  made its own.
 
   First of all, before JAX starts its backend, malloc is set to reuse XLA's per-call CPU
   temporaries (host_memory.py).
@@ -131,6 +154,8 @@ def run_program(program: str, main: Callable[[list[str]], None]) -> None:
     setup_logging()
     try:
       main(argv)
+    except (UserError, app.UsageError) as e:
+      fail(program, e)
     except KeyboardInterrupt:  # (training stops cleanly at the first Ctrl-C; this is the second)
       print(f"{program}: interrupted", file=sys.stderr)
       sys.exit(130)  # the shell's status for SIGINT

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from transformer.errors import UserError
+
 POSITIONAL_KINDS = ("sinusoidal", "learned")
 NORM_KINDS = ("post", "pre")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -21,7 +23,7 @@ REMAT_MODES = ("none", "full", "dots")
 NONFINITE_POLICIES = ("stop", "skip")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
   """A config value that cannot work; the message names the key and what to do."""
 
 

@@ -21,13 +21,15 @@ from typing import TypeVar
 
 import jax
 
+from transformer.errors import UserError
+
 log = logging.getLogger("transformer")
 T = TypeVar("T")
 
 MODES = ("auto", "on", "off")
 
 
-class DistributedError(RuntimeError):
+class DistributedError(UserError, RuntimeError):
   """The process could not join (or was told inconsistently how to join) a distributed job."""
 
 

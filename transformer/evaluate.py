@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -170,22 +169,19 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.workdir is None:
     raise app.UsageError("pass --workdir=DIR, the directory transformer-train wrote")
-  try:
-    progress.configure(FLAGS.progress)
-    if FLAGS.watch:
-      from transformer.watch import watch
-      watch(FLAGS.workdir, poll_seconds=FLAGS.poll_seconds, idle_minutes=FLAGS.idle_minutes,
-            ema=FLAGS.ema, **search_overrides())
-      return
-    args = (FLAGS.workdir, FLAGS.step, FLAGS.split, FLAGS.source_file, FLAGS.reference_file,
-            FLAGS.average_last, FLAGS.ensemble)
-    compiled: dict = {}
-    report = evaluate(*args, compiled_cache=compiled, ema=FLAGS.ema, **search_overrides())
-    # The single checkpoint's own parameters, beside their moving average (same compiled search).
-    raw = (evaluate(*args, compiled_cache=compiled, ema=False, **search_overrides())
-           if report["ema"] else None)
-  except (ConfigError, sources.DataError, checkpoints.CheckpointError) as e:
-    sys.exit(f"transformer-eval: error: {e}")
+  progress.configure(FLAGS.progress)
+  if FLAGS.watch:
+    from transformer.watch import watch
+    watch(FLAGS.workdir, poll_seconds=FLAGS.poll_seconds, idle_minutes=FLAGS.idle_minutes,
+          ema=FLAGS.ema, **search_overrides())
+    return
+  args = (FLAGS.workdir, FLAGS.step, FLAGS.split, FLAGS.source_file, FLAGS.reference_file,
+          FLAGS.average_last, FLAGS.ensemble)
+  compiled: dict = {}
+  report = evaluate(*args, compiled_cache=compiled, ema=FLAGS.ema, **search_overrides())
+  # The single checkpoint's own parameters, beside their moving average (same compiled search).
+  raw = (evaluate(*args, compiled_cache=compiled, ema=False, **search_overrides())
+         if report["ema"] else None)
   print_report(report)
   if raw:
     print(f"  without the moving average (the checkpoint's own parameters): sacreBLEU "

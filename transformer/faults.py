@@ -22,13 +22,14 @@ import jax
 import numpy as np
 import sentencepiece as spm
 
+from transformer.errors import UserError
 from transformer.model import EOS_ID, PAD_ID
 
 log = logging.getLogger("transformer")
 BATCH_DIR = "nonfinite"
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(UserError, RuntimeError):
   """Training stopped at a non-finite loss or gradient; the message says what was saved where."""
 
 

@@ -10,7 +10,6 @@ Shapes only (jax.eval_shape): nothing is allocated, so even the big model is sum
 from __future__ import annotations
 
 import collections
-import sys
 
 import jax
 import ml_collections
@@ -18,7 +17,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from transformer.cli import run_program
-from transformer.config import ConfigError, validate
+from transformer.config import validate
 from transformer.model import (
   ModelConfig,
   Transformer,
@@ -116,10 +115,7 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.config is None:
     raise app.UsageError("pass --config=configs/multi30k.py (or another config)")
-  try:
-    print(summary(FLAGS.config, FLAGS.seq_len))
-  except ConfigError as e:
-    sys.exit(f"transformer-info: error: {e}")
+  print(summary(FLAGS.config, FLAGS.seq_len))
 
 
 def run() -> None:

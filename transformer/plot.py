@@ -13,7 +13,6 @@ needed) draws; the experiment runner uses the same functions for its figures.
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from transformer import checkpoints  # noqa: E402
+from transformer.errors import UserError  # noqa: E402
 from transformer.metrics import METRICS_FILE, read_metrics, training_clock  # noqa: E402
 
 Curve = Sequence[tuple[float, float]]
@@ -71,7 +71,7 @@ def _eval_split(workdir: str | Path) -> str | None:
   """The run's validation split, whose BLEU panel comes first (None if config.json is unreadable)."""
   try:
     return checkpoints.load_run_config(workdir).data.eval_split
-  except (checkpoints.CheckpointError, ValueError):
+  except UserError:
     return None
 
 
@@ -96,7 +96,7 @@ def compare_runs(groups: Mapping[str, Sequence[str | Path]], path: Path, title: 
     for run in runs:
       metrics += [m for m in run if m not in metrics]
   if not metrics:
-    raise ValueError("no training or evaluation records in metrics.jsonl of "
+    raise UserError("no training or evaluation records in metrics.jsonl of "
                      + ", ".join(str(w) for ws in groups.values() for w in ws))
   fig, axes = plt.subplots(len(metrics), len(X_AXES), figsize=(11, 3.2 * len(metrics)),
                            squeeze=False)
@@ -186,17 +186,14 @@ def main(argv: list[str]) -> None:
     raise app.UsageError("name the training workdirs to compare: transformer-plot runs/a runs/b")
   missing = [w for w in workdirs if not (Path(w) / METRICS_FILE).is_file()]
   if missing:
-    sys.exit(f"transformer-plot: error: no {METRICS_FILE} in {', '.join(missing)}: pass the "
-             "workdirs that transformer-train wrote")
+    raise UserError(f"no {METRICS_FILE} in {', '.join(missing)}: pass the workdirs that "
+                    "transformer-train wrote")
   groups: dict[str, list[str]] = {}
   for workdir in workdirs:
     groups.setdefault(run_label(workdir), []).append(workdir)
   output = Path(flags.FLAGS.output)
   output.parent.mkdir(parents=True, exist_ok=True)
-  try:
-    compare_runs(groups, output, flags.FLAGS.title)
-  except ValueError as e:
-    sys.exit(f"transformer-plot: error: {e}")
+  compare_runs(groups, output, flags.FLAGS.title)
   print(f"{output}: {len(workdirs)} run(s) in {len(groups)} group(s): {', '.join(groups)}")
 
 

@@ -48,10 +48,11 @@ from transformer.cli import (
   initialize_distributed,
   run_program,
 )
-from transformer.config import ConfigError, validate
+from transformer.config import validate
 from transformer.data import pipeline, sources
 from transformer.data import vocab as vocab_lib
-from transformer.distributed import DistributedError, leader_first
+from transformer.distributed import leader_first
+from transformer.errors import UserError
 from transformer.info import table_peak, training_flops_per_target_token
 from transformer.metrics import MetricWriter, format_duration
 from transformer.model import (
@@ -470,6 +471,9 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str,
   """
   validate(cfg)
   workdir = Path(workdir)
+  if workdir.exists() and not workdir.is_dir():
+    raise UserError(f"--workdir={workdir} is a file, not a directory: pass a new directory (or "
+                    "the workdir of the run to continue)")
   changed = checkpoints.check_run_config(workdir, cfg, allow_config_change)
   with _undone_if_failed(workdir):
     run = start_run(cfg, workdir)
@@ -646,9 +650,6 @@ def main(argv: list[str]) -> None:
   except preemption.Interrupted as e:
     print(f"transformer-train: {e}", file=sys.stderr)
     sys.exit(preemption.EXIT_INTERRUPTED)
-  except (ConfigError, sources.DataError, checkpoints.CheckpointError, DistributedError,
-          faults.NonFiniteError) as e:
-    sys.exit(f"transformer-train: error: {e}")
 
 
 def run() -> None:

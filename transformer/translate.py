@@ -29,7 +29,6 @@ from absl import app, flags
 
 from transformer import checkpoints, progress, translator
 from transformer.cli import define_progress_flag, define_search_flags, run_program, search_overrides
-from transformer.config import ConfigError
 from transformer.data import sources
 from transformer.evaluate import load_ensemble, nbest_lines
 
@@ -73,37 +72,34 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.workdir is None:
     raise app.UsageError("pass --workdir=DIR, the directory transformer-train wrote")
-  try:
-    progress.configure(FLAGS.progress)
-    sentences = read_input(FLAGS.input_file)
-    cfg = checkpoints.load_run_config(FLAGS.workdir)
-    targets = sources.read_lines(FLAGS.score) if FLAGS.score else None
-    settings = translator.SearchSettings.from_config(cfg, **search_overrides())
-    cfg, vocab, models, params, steps = load_ensemble(FLAGS.workdir, FLAGS.ensemble, FLAGS.step,
-                                                      FLAGS.average_last)
-    if targets is not None:
-      scores = translator.score(models, params, vocab, sentences, targets,
-                                tokens_per_batch=settings.tokens_per_batch,
-                                max_len=cfg.data.max_len)
-      write_output([json.dumps(s, ensure_ascii=False) for s in scores], FLAGS.output_file)
-      tokens = sum(s["tokens"] for s in scores)
-      log.info("Scored %d pairs with step %d: mean NLL %.4f per target token (%d tokens)",
-               len(scores), steps[-1], -sum(s["log_prob"] for s in scores) / tokens, tokens)
-      return
-    result = translator.translate(models, params, vocab, sentences, settings,
-                                  max_source_len=cfg.data.max_len)
-    stats = result.stats
-    if stats["truncated_sources"]:
-      log.warning("%d input lines were longer than %d tokens and were truncated to that length",
-                  stats["truncated_sources"], cfg.data.max_len)
-    if settings.nbest > 1 and not FLAGS.output_file:  # the lists are the output
-      sys.stdout.write(nbest_lines(sentences, result))
-    else:
-      write_output(result.hypotheses, FLAGS.output_file)
-      if settings.nbest > 1:
-        write_output(nbest_lines(sentences, result).splitlines(), FLAGS.output_file + ".nbest.jsonl")
-  except (ConfigError, sources.DataError, checkpoints.CheckpointError) as e:
-    sys.exit(f"transformer-translate: error: {e}")
+  progress.configure(FLAGS.progress)
+  sentences = read_input(FLAGS.input_file)
+  cfg = checkpoints.load_run_config(FLAGS.workdir)
+  targets = sources.read_lines(FLAGS.score) if FLAGS.score else None
+  settings = translator.SearchSettings.from_config(cfg, **search_overrides())
+  cfg, vocab, models, params, steps = load_ensemble(FLAGS.workdir, FLAGS.ensemble, FLAGS.step,
+                                                    FLAGS.average_last)
+  if targets is not None:
+    scores = translator.score(models, params, vocab, sentences, targets,
+                              tokens_per_batch=settings.tokens_per_batch,
+                              max_len=cfg.data.max_len)
+    write_output([json.dumps(s, ensure_ascii=False) for s in scores], FLAGS.output_file)
+    tokens = sum(s["tokens"] for s in scores)
+    log.info("Scored %d pairs with step %d: mean NLL %.4f per target token (%d tokens)",
+             len(scores), steps[-1], -sum(s["log_prob"] for s in scores) / tokens, tokens)
+    return
+  result = translator.translate(models, params, vocab, sentences, settings,
+                                max_source_len=cfg.data.max_len)
+  stats = result.stats
+  if stats["truncated_sources"]:
+    log.warning("%d input lines were longer than %d tokens and were truncated to that length",
+                stats["truncated_sources"], cfg.data.max_len)
+  if settings.nbest > 1 and not FLAGS.output_file:  # the lists are the output
+    sys.stdout.write(nbest_lines(sentences, result))
+  else:
+    write_output(result.hypotheses, FLAGS.output_file)
+    if settings.nbest > 1:
+      write_output(nbest_lines(sentences, result).splitlines(), FLAGS.output_file + ".nbest.jsonl")
   log.info("Translated %d lines with step %d%s%s (%.1f sentences/s, +%.1fs compile)",
            len(sentences), steps[-1], f" (average of {len(steps)})" if len(steps) > 1 else "",
            f", an ensemble of {len(models)} runs" if len(models) > 1 else "",

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import sys
 from urllib.parse import urlparse
 
 from absl import app, flags
@@ -93,21 +92,18 @@ def main(argv: list[str]) -> None:
   if not names and cfg is None:
     raise app.UsageError(f"name a dataset ({', '.join(DATASETS)} or a TFDS name) or pass --config")
   data_dir = FLAGS.data_dir
-  try:
-    if cfg is not None:
-      validate(cfg)
-      if cfg.data.source != "tfds":
-        raise ConfigError(f"the config reads data.source={cfg.data.source!r}; nothing to prepare")
-      data_dir = cfg.data.tfds_data_dir = data_dir or cfg.data.tfds_data_dir
-      names += [cfg.data.tfds_name] + ([cfg.data.eval_tfds_name] if cfg.data.eval_tfds_name else [])
-    for name in dict.fromkeys(names):
-      print(f"{tfds_name(name)}: {prepare(name, data_dir)}")
-    if cfg is not None:
-      path = vocab_lib.cached_vocab(cfg.data, sources.open_split(cfg.data, cfg.data.train_split),
-                                    cfg.seed)
-      print(f"vocabulary: {path}")
-  except (ConfigError, sources.DataError) as e:
-    sys.exit(f"transformer.data.prepare: error: {e}")
+  if cfg is not None:
+    validate(cfg)
+    if cfg.data.source != "tfds":
+      raise ConfigError(f"the config reads data.source={cfg.data.source!r}; nothing to prepare")
+    data_dir = cfg.data.tfds_data_dir = data_dir or cfg.data.tfds_data_dir
+    names += [cfg.data.tfds_name] + ([cfg.data.eval_tfds_name] if cfg.data.eval_tfds_name else [])
+  for name in dict.fromkeys(names):
+    print(f"{tfds_name(name)}: {prepare(name, data_dir)}")
+  if cfg is not None:
+    path = vocab_lib.cached_vocab(cfg.data, sources.open_split(cfg.data, cfg.data.train_split),
+                                  cfg.seed)
+    print(f"vocabulary: {path}")
 
 
 def run() -> None:

@@ -19,6 +19,8 @@ from pathlib import Path
 import ml_collections
 from etils import epath
 
+from transformer.errors import UserError
+
 BUNDLED_DIR = Path(__file__).parent / "multi30k"
 MULTI30K_SPLITS = {"train": "train", "validation": "val", "val": "val"}
 MULTI30K_TEST_URLS = {  # not bundled; for users with a network.
@@ -28,7 +30,7 @@ MULTI30K_TEST_URLS = {  # not bundled; for users with a network.
 }
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
   """Input data that cannot be used; the message says which file and what to do."""
 
 
