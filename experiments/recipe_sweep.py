@@ -10,8 +10,9 @@ more steps: STEP_COST is seconds per step on the config's own batches relative t
 from `transformer-benchmark --config=configs/multi30k.py [--config.KEY=VALUE] --seq_len=16 --steps=5
 --decode_sentences=0 --checkpoint_saves=0 --real_batches=40` (real_step_sec_mean, one after the
 other on the 2-core VM, 2026-11-23, with the speed-up's intermediate code: one malloc arena, the
-projection's gradient by autodiff; the ratio, not the seconds, is what the grid uses). The inverse-square-root schedule and the moving average do not depend on
-train.steps, so a shortened run is exactly the first part of a full one.
+projection's gradient by autodiff; the ratio, not the seconds, is what the grid uses). The
+inverse-square-root schedule and the moving average do not depend on train.steps, so a shortened run
+is exactly the first part of a full one.
 
 Batches of 4,096 tokens are not in the grid: their step cost 2.39x the reference's (1.78 s vs 0.75 s
 on real batches, more padding in larger buckets), 18% fewer real tokens per second and half the

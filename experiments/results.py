@@ -16,13 +16,14 @@ from typing import Any
 
 from experiments.grids import Grid
 from transformer import checkpoints, plot
+from transformer.info import analytic_param_count
 from transformer.metrics import (
   METRICS_FILE,
   format_duration,
   read_metrics,
   training_clock,
 )
-from transformer.model import ModelConfig, analytic_param_count
+from transformer.model import ModelConfig
 
 # Table 3's hyper-parameter columns: header -> how to read it from a run config.
 HYPER_COLUMNS = {

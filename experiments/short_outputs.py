@@ -19,7 +19,7 @@ from absl import app, flags
 from transformer import bleu, translator
 from transformer.cli import run_program
 from transformer.data import sources
-from transformer.evaluate import load_model
+from transformer.runs import load_run
 
 flags.DEFINE_string("workdir", None, "Training workdir.")
 flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
@@ -36,10 +36,12 @@ def objective(log_prob: float, tokens: int, alpha: float) -> float:
 def main(argv: list[str]) -> None:
   if len(argv) > 1 or not FLAGS.workdir:
     raise app.UsageError("pass --workdir=DIR (a training workdir)")
-  cfg, vocab, model, params, steps = load_model(FLAGS.workdir, FLAGS.step)
+  run = load_run(FLAGS.workdir, FLAGS.step)
+  cfg, vocab, model, params, steps = run.config, run.vocab, run.model, run.params(), run.steps
   text = sources.load_split(cfg.data, cfg.data.eval_split)
   compiled: dict = {}
-  lines = [f"Checkpoint: {FLAGS.workdir} step {steps[-1]} ({'moving average' if cfg.train.ema_decay > 0 else 'raw parameters'}), "
+  which = "moving average" if run.ema_params is not None else "raw parameters"
+  lines = [f"Checkpoint: {FLAGS.workdir} step {steps[-1]} ({which}), "
            f"{len(text)} {cfg.data.eval_split} sentences.", "",
            "| search | sacreBLEU | brevity penalty | hyp / ref words | empty outputs |",
            "|---|---|---|---|---|"]

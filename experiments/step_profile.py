@@ -4,7 +4,7 @@ code they come from.
     python -m experiments.step_profile [--config=configs/multi30k.py --rows=128 --seq_len=16]
         [--config.model.dropout=0.0 ...]
 
-Times the jit-compiled step training runs (train.jit_train_fns) on a synthetic batch without padding,
+Times the jit-compiled step training runs (step.jit_train_fns) on a synthetic batch without padding,
 traces three more steps, maps each executed XLA op to the JAX operation it was compiled from (the
 `op_name` metadata of the compiled HLO) and sums the op time by category: matmuls (the output
 projection over the vocabulary apart), dropout, the loss, LayerNorm, attention's other operations,
@@ -30,9 +30,10 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import partitioning, train
+from transformer import partitioning
 from transformer.cli import run_program
 from transformer.model import ModelConfig, Transformer
+from transformer.step import dropout_key, jit_train_fns
 
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Run config to profile.")
 flags.DEFINE_integer("rows", 128, "Sentences per batch.")
@@ -65,11 +66,11 @@ def main(argv: list[str]) -> None:
   cfg, vocab_size = FLAGS.config, FLAGS.config.data.vocab_size
   model = Transformer(ModelConfig.from_config(cfg.model, vocab_size))
   mesh = partitioning.make_mesh(cfg, vocab_size)
-  fns = train.jit_train_fns(cfg, model, mesh)
+  fns = jit_train_fns(cfg, model, mesh)
   state = fns.init(jax.random.key(cfg.seed))
   tokens = np.random.default_rng(0).integers(4, vocab_size, (FLAGS.rows, FLAGS.seq_len), np.int32)
   batch = partitioning.shard_batch({"src": tokens, "tgt": tokens[::-1].copy()}, mesh)
-  rng = train.dropout_key(cfg)
+  rng = dropout_key(cfg)
   for _ in range(3):
     state, sums = fns.step(state, batch, rng)
   jax.block_until_ready(sums)

@@ -31,9 +31,10 @@ import optax
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import partitioning, train
+from transformer import partitioning
 from transformer.cli import run_program
 from transformer.model import ModelConfig, Transformer
+from transformer.step import dropout_key, jit_train_fns
 
 flags.DEFINE_string("flax_wmt_dir", None, "A checkout's examples/wmt directory (google/flax).")
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Our config: the model's shape "
@@ -72,10 +73,10 @@ def our_step(cfg, tokens: np.ndarray):
   """Our jit-compiled step as training runs it; returns a callable advancing its state."""
   model = Transformer(ModelConfig.from_config(cfg.model, VOCAB))
   mesh = partitioning.make_mesh(cfg, VOCAB)
-  fns = train.jit_train_fns(cfg, model, mesh)
+  fns = jit_train_fns(cfg, model, mesh)
   holder = {"state": fns.init(jax.random.key(0))}
   batch = partitioning.shard_batch({"src": tokens, "tgt": tokens[::-1].copy()}, mesh)
-  rng = train.dropout_key(cfg)
+  rng = dropout_key(cfg)
 
   def step():
     holder["state"], sums = fns.step(holder["state"], batch, rng)
@@ -121,7 +122,7 @@ def main(argv: list[str]) -> None:
   tokens = np.random.default_rng(0).integers(4, VOCAB, (FLAGS.rows, FLAGS.seq_len)).astype(np.int32)
   steps = {"ours": our_step(cfg, tokens), "flax_wmt": their_step(cfg, tokens)}
   times: dict[str, list[float]] = {name: [] for name in steps}
-  for name, step in steps.items():  # compile and warm up
+  for step in steps.values():  # compile and warm up
     for _ in range(2):
       jax.block_until_ready(step())
   for _ in range(FLAGS.rounds):

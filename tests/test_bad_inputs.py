@@ -1,9 +1,10 @@
 """Every mistake a user can make ends in one clear line, a non-zero exit, and nothing written.
 
 Each case runs a program as a user would (`python -m transformer.<program> ...`), checks that it
-exits with status 2 (cli.run_program's status for a user's mistake), that its last line is the program's one-line error with the expected message
-(and no traceback anywhere), and that every file it could have touched is byte for byte as before:
-a new workdir is not created, an existing run is not changed.
+exits with status 2 (cli.run_program's status for a user's mistake), that its last line is the
+program's one-line error with the expected message (and no traceback anywhere), and that every file
+it could have touched is byte for byte as before: a new workdir is not created, an existing run is
+not changed.
 """
 
 import concurrent.futures
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import cli_overrides, run_cli, snapshot, tiny_run_config
+from helpers import cli_overrides, run_cli, snapshot, tiny_run_config
 
 from transformer.data import vocab as vocab_lib
 from transformer.train import train_and_evaluate

@@ -3,12 +3,12 @@
 import math
 
 import pytest
-from conftest import tiny_run_config
+from helpers import tiny_run_config
 
 from transformer.benchmark import benchmark, benchmark_input, decode_workload, spread
+from transformer.data.pipeline import training_inputs
 from transformer.info import table_peak, training_flops_per_target_token
 from transformer.model import EOS_ID, ModelConfig
-from transformer.train import prepare_data
 
 
 def test_benchmark_reports_consistent_figures(tmp_path):
@@ -38,7 +38,7 @@ def test_benchmark_reports_consistent_figures(tmp_path):
         6 / result[f"decode_beam{beam}_sec"])
   # the config's own batches: the first 4 the training pipeline makes, their real target tokens
   (tmp_path / "data").mkdir()
-  _, train_pipeline, _ = prepare_data(cfg, tmp_path / "data", num_devices=1)
+  _, train_pipeline, _ = training_inputs(cfg, tmp_path / "data", num_devices=1)
   stream = train_pipeline.batches()
   batches = [next(stream)[0] for _ in range(4)]
   stream.close()

@@ -5,12 +5,12 @@ import json
 import jax
 import numpy as np
 import pytest
-from conftest import init_params, tiny_model_config
+from helpers import init_params, tiny_model_config
 
 from transformer import checkpoints, partitioning
 from transformer.config import ConfigError, base_config
 from transformer.model import Transformer
-from transformer.train import TrainState, abstract_train_state, make_optimizer
+from transformer.step import TrainState, abstract_train_state, make_optimizer
 
 
 def make_state(d_model=16, seed=0):
@@ -100,11 +100,12 @@ def test_average_of_checkpoints_is_the_arithmetic_mean(tmp_path):
   abstract = abstract_train_state(cfg, model, partitioning.replicated(partitioning.data_mesh()))
   steps = checkpoints.last_steps(mngr, 3)
   assert steps == [2, 3, 4]
-  mean = checkpoints.average_params(mngr, abstract, steps)
+  mean = checkpoints.average_params(mngr, abstract, steps, lambda state: state.params)
   for got, *parts in zip(jax.tree.leaves(mean), *(jax.tree.leaves(saved[s]) for s in steps)):
     np.testing.assert_allclose(got, np.mean(np.stack(parts), axis=0), rtol=1e-6, atol=1e-7)
   assert checkpoints.last_steps(mngr, 2, up_to=3) == [2, 3]
-  with pytest.raises(checkpoints.CheckpointError, match=r"cannot average the last 5 checkpoints: .* has 4 \(steps 1, 2, 3, 4\)"):
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=r"cannot average the last 5 checkpoints: .* has 4 \(steps 1, 2, 3, 4\)"):
     checkpoints.last_steps(mngr, 5)
   with pytest.raises(checkpoints.CheckpointError, match="has 2 up to step 2"):
     checkpoints.last_steps(mngr, 3, up_to=2)

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import init_params, random_tokens, tiny_model_config
+from helpers import init_params, random_tokens, tiny_model_config
 
 from transformer import decode
 from transformer.model import BOS_ID, EOS_ID, PAD_ID, Transformer

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, cli_overrides, tiny_run_config
+from helpers import REPO, cli_overrides, tiny_run_config
 
 from transformer import distributed, preemption
 
@@ -24,11 +24,11 @@ TRAIN_TOGETHER = textwrap.dedent("""
     import json, sys
     import jax, numpy as np
     from jax.experimental import multihost_utils
-    from conftest import random_tokens
+    from helpers import random_tokens
     from transformer import checkpoints, distributed, partitioning
     from transformer.config import base_config
     from transformer.model import ModelConfig, Transformer
-    from transformer.train import jit_train_fns
+    from transformer.step import jit_train_fns
 
     out_dir, port, process_id, processes = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     if processes > 1:

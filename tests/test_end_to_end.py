@@ -8,7 +8,7 @@ import subprocess
 import matplotlib.image
 import numpy as np
 import pytest
-from conftest import cli_overrides, run_cli, tiny_run_config
+from helpers import cli_overrides, run_cli, tiny_run_config
 
 from transformer.evaluate import evaluate
 from transformer.metrics import read_metrics

@@ -8,15 +8,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import init_params, run_cli, tiny_model_config, tiny_run_config
+from helpers import init_params, run_cli, tiny_model_config, tiny_run_config
 
 from transformer import decode, translator
 from transformer.config import base_config
 from transformer.data import sources
 from transformer.data import vocab as vocab_lib
-from transformer.evaluate import evaluate, load_model
+from transformer.evaluate import evaluate
 from transformer.metrics import read_metrics
 from transformer.model import EOS_ID, Transformer
+from transformer.runs import load_run
 from transformer.train import train_and_evaluate
 from transformer.translator import SearchSettings, translate
 
@@ -67,7 +68,8 @@ def test_mean_forced_nll_on_the_dev_set_is_trainings_dev_loss(trained, ema):
   """The moving average's (loaded by default) and the raw parameters' forced NLL equal the dev
   losses training logged for each: the programs load the parameters training evaluated."""
   cfg, workdir = trained
-  cfg, vocab, model, params, steps = load_model(workdir, ema=ema)
+  run = load_run(workdir)
+  cfg, vocab, model, params, steps = run.config, run.vocab, run.model, run.params(ema), run.steps
   text = sources.load_split(cfg.data, cfg.data.eval_split)
   pairs = [(s, t) for s, t in zip(text.source, text.target)  # training's eval keeps these pairs
            if max(len(vocab.encode(s)), len(vocab.encode(t))) + 1 <= cfg.data.max_len]
@@ -86,7 +88,8 @@ def test_mean_forced_nll_on_the_dev_set_is_trainings_dev_loss(trained, ema):
 
 def test_nbest_lists_are_the_searchs_and_start_with_the_translation(trained):
   cfg, workdir = trained
-  cfg, vocab, model, params, _ = load_model(workdir)
+  run = load_run(workdir)
+  cfg, vocab, model, params = run.config, run.vocab, run.model, run.params()
   sentences = sources.load_split(cfg.data, cfg.data.eval_split).source[:12]
   settings = SearchSettings(beam_size=3, nbest=3, max_extra_len=5, tokens_per_batch=48)
   result = translate(model, params, vocab, sentences, settings, max_source_len=cfg.data.max_len)
@@ -110,7 +113,8 @@ def test_nbest_lists_are_the_searchs_and_start_with_the_translation(trained):
 
 def test_samples_do_not_depend_on_batching(trained):
   cfg, workdir = trained
-  cfg, vocab, model, params, _ = load_model(workdir)
+  run = load_run(workdir)
+  cfg, vocab, model, params = run.config, run.vocab, run.model, run.params()
   sentences = sources.load_split(cfg.data, cfg.data.eval_split).source[:10]
   settings = SearchSettings(sampling=True, top_k=20, seed=3, max_extra_len=5)
   runs = [translate(model, params, vocab, sentences,
@@ -139,7 +143,8 @@ def test_the_programs_write_nbest_lists_scores_samples_and_ensemble_reports(trai
                 f"--score={tmp_path / 'out.de'}")
   assert out.returncode == 0, out.stderr[-3000:]
   scores = [json.loads(line) for line in out.stdout.splitlines()]
-  _, vocab, model, params, _ = load_model(workdir)
+  run = load_run(workdir)
+  vocab, model, params = run.vocab, run.model, run.params()
   expected = translator.score(model, params, vocab, source.read_text().splitlines(), best,
                               tokens_per_batch=1024, max_len=cfg.data.max_len)
   assert len(scores) == 2
@@ -176,7 +181,7 @@ def test_averaging_a_run_with_a_moving_average_averages_both(trained, tmp_path):
   _, workdir = trained
   assert average_checkpoints(str(workdir), 2, str(tmp_path / "avg")) == [3, 6]
   for ema in (False, True):
-    got = load_model(tmp_path / "avg", ema=ema)[3]
-    each = [load_model(workdir, step=s, ema=ema)[3] for s in (3, 6)]
+    got = load_run(tmp_path / "avg").params(ema)
+    each = [load_run(workdir, step=s).params(ema) for s in (3, 6)]
     for g, a, b in zip(*(jax.tree.leaves(t) for t in (got, *each))):
       np.testing.assert_allclose(g, (a + b) / 2, rtol=1e-6, atol=1e-7)

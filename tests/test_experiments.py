@@ -11,7 +11,7 @@ from pathlib import Path
 import matplotlib.image
 import numpy as np
 import pytest
-from conftest import REPO, tiny_run_config
+from helpers import REPO, tiny_run_config
 
 from experiments import results, test_sets
 from experiments.grids import Grid, Variant, load_grid

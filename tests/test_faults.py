@@ -12,19 +12,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import init_params, random_tokens, tiny_model_config, tiny_run_config
+from helpers import init_params, random_tokens, tiny_model_config, tiny_run_config
 
 from transformer import checkpoints, faults, partitioning
 from transformer.data import vocab as vocab_lib
 from transformer.evaluate import evaluate
 from transformer.metrics import read_metrics
 from transformer.model import ModelConfig, Transformer
-from transformer.train import (
-  TrainState,
-  abstract_train_state,
-  train_and_evaluate,
-  train_step,
-)
+from transformer.step import TrainState, abstract_train_state, train_step
+from transformer.train import train_and_evaluate
 
 
 def poisoned_state(rng):

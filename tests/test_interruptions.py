@@ -12,13 +12,14 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from conftest import REPO, cli_overrides, snapshot, tiny_run_config
+from helpers import REPO, cli_overrides, snapshot, tiny_run_config
 
 from transformer import checkpoints, partitioning, preemption
 from transformer.data import sources
 from transformer.data import vocab as vocab_lib
 from transformer.model import ModelConfig, Transformer
-from transformer.train import abstract_train_state, train_and_evaluate
+from transformer.step import abstract_train_state
+from transformer.train import train_and_evaluate
 
 STEPS = 60
 

@@ -6,14 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import init_params, random_tokens, tiny_model_config
+from helpers import init_params, model_config, random_tokens, tiny_model_config
 
 from transformer import decode
-from transformer.info import param_counts
+from transformer.info import analytic_param_count, param_counts
 from transformer.model import (
-  ModelConfig,
   Transformer,
-  analytic_param_count,
   attention_kernel,
   dot_product_attention,
   output_logits,
@@ -211,7 +209,7 @@ def hand_count(n, d, f, v):
 def test_paper_model_parameter_counts(size):
   (n, d, f, h), expected = PAPER_SIZES[size]
   assert hand_count(n, d, f, 37000) == expected
-  config = ModelConfig(vocab_size=37000, num_layers=n, d_model=d, d_ff=f, num_heads=h)
+  config = model_config(37000, num_layers=n, d_model=d, d_ff=f, num_heads=h)
   counts = param_counts(config)
   assert sum(c for k, c in counts.items() if "/" not in k) == expected
   assert analytic_param_count(config) == expected
@@ -228,7 +226,7 @@ def test_paper_model_parameter_counts(size):
     dict(norm="pre", share_embeddings=False),
 ])
 def test_table3_variants_match_the_analytic_formula(overrides):
-  config = ModelConfig(vocab_size=37000, **overrides)
+  config = model_config(37000, **overrides)
   counts = param_counts(config)
   assert sum(c for k, c in counts.items() if "/" not in k) == analytic_param_count(config)
 
@@ -240,7 +238,7 @@ def test_training_flops_per_token_of_the_base_model():
   encoder = n * (2 * (4 * d * d + 2 * d * f) + 2 * 2 * length * d)
   decoder = n * (2 * (8 * d * d + 2 * d * f) + 2 * 2 * length * d * 2)
   expected = 3 * (encoder + decoder + 2 * v * d)
-  config = ModelConfig(vocab_size=v)
+  config = model_config(v)
   assert training_flops_per_target_token(config, length, length) == pytest.approx(expected)
   assert expected / 1e9 == pytest.approx(0.381, abs=5e-4)
 
@@ -248,8 +246,8 @@ def test_training_flops_per_token_of_the_base_model():
 @pytest.mark.parametrize("d_k, paper_millions", [(16, 58), (32, 60)])
 def test_table3_row_b_removes_the_papers_parameters(d_k, paper_millions):
   """Row B shrinks only the query/key projections: the paper's 65M base loses 7M (d_k 16), 5M (32)."""
-  base = analytic_param_count(ModelConfig(vocab_size=37000))
-  smaller = analytic_param_count(ModelConfig(vocab_size=37000, d_k=d_k))
+  base = analytic_param_count(model_config(37000))
+  smaller = analytic_param_count(model_config(37000, d_k=d_k))
   assert round((base - smaller) / 1e6) == 65 - paper_millions
 
 

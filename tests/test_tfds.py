@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import tensorflow_datasets as tfds
-from conftest import tiny_run_config
+from helpers import tiny_run_config
 from tensorflow_datasets.core.download import downloader
 
 from transformer.data import prepare, sources

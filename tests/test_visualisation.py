@@ -6,7 +6,7 @@ import jax
 import matplotlib.image
 import numpy as np
 import pytest
-from conftest import init_params, random_tokens, tiny_model_config
+from helpers import init_params, random_tokens, tiny_model_config
 
 from transformer import attention, plot
 from transformer.model import EOS_ID, Transformer, sinusoidal_encoding

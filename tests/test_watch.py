@@ -3,12 +3,19 @@
 import json
 
 import pytest
-from conftest import tiny_run_config
+from helpers import tiny_run_config
 
 from transformer import checkpoints
+from transformer.evaluate import evaluate
 from transformer.metrics import read_metrics
 from transformer.train import train_and_evaluate
 from transformer.watch import watch
+
+
+def watch_run(workdir, **kwargs):
+  """What transformer-eval --watch --beam_size=1 runs."""
+  return watch(str(workdir), lambda step: evaluate(str(workdir), step=step, beam_size=1),
+               poll_seconds=0.01, **kwargs)
 
 
 def test_watcher_evaluates_each_new_checkpoint_once_and_stops(tmp_path):
@@ -16,11 +23,11 @@ def test_watcher_evaluates_each_new_checkpoint_once_and_stops(tmp_path):
   cfg.train.steps, cfg.train.checkpoint_every, cfg.train.eval_every = 4, 2, 4
   workdir = tmp_path / "run"
   train_and_evaluate(cfg, str(workdir))
-  assert watch(str(workdir), poll_seconds=0.01, beam_size=1) == [2, 4]  # stops: step 4 is the last
+  assert watch_run(workdir) == [2, 4]  # stops: step 4 is the last
 
   cfg.train.steps = 6  # training resumes; only the new checkpoint is evaluated
   train_and_evaluate(cfg, str(workdir))
-  assert watch(str(workdir), poll_seconds=0.01, beam_size=1) == [6]
+  assert watch_run(workdir) == [6]
   records = read_metrics(workdir, "bleu")
   assert sorted(r["step"] for r in records) == [2, 4, 6]
   best = json.loads((workdir / "eval" / "best.json").read_text())
@@ -31,5 +38,5 @@ def test_watcher_evaluates_each_new_checkpoint_once_and_stops(tmp_path):
   run_config = json.loads((workdir / checkpoints.CONFIG_FILE).read_text())
   run_config["train"]["steps"] = 100
   (workdir / checkpoints.CONFIG_FILE).write_text(json.dumps(run_config))
-  assert watch(str(workdir), poll_seconds=0.01, idle_minutes=1e-4, beam_size=1) == []
+  assert watch_run(workdir, idle_minutes=1e-4) == []
   assert len(read_metrics(workdir, "bleu")) == 3

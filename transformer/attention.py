@@ -208,8 +208,9 @@ def visualize(workdir: str, source: str, target: str | None = None, step: int | 
               output_dir: str | None = None) -> tuple[AttentionMaps, list[Path], int]:
   """Attention maps of `workdir`'s checkpoint for one sentence; returns them, the files and step."""
   from transformer import translator
-  from transformer.evaluate import load_model
-  cfg, vocab, model, params, steps = load_model(workdir, step)
+  from transformer.runs import load_run
+  run = load_run(workdir, step)
+  cfg, vocab, model, params, steps = run.config, run.vocab, run.model, run.params(), run.steps
   if not source.strip():
     raise ConfigError("--source is empty; pass a sentence, e.g. --source=\"A man is riding a "
                       "bicycle.\"")

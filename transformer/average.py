@@ -13,18 +13,18 @@ which steps went in. Checkpoints are restored one at a time into a running sum.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
 
 from absl import app, flags
 
-from transformer import checkpoints, partitioning
+from transformer import checkpoints
 from transformer.cli import run_program
 from transformer.config import ConfigError
 from transformer.data import vocab as vocab_lib
-from transformer.model import ModelConfig, Transformer
-from transformer.train import abstract_train_state
+from transformer.runs import load_run
 
 FLAGS = flags.FLAGS
 AVERAGE_FILE = "average.json"
@@ -37,26 +37,17 @@ def average_checkpoints(workdir: str, last: int, output: str, step: int | None =
     raise ConfigError("--output must be a new directory, not the training workdir")
   if (output / checkpoints.CHECKPOINT_DIR).exists():
     raise ConfigError(f"{output} already holds checkpoints; choose a new --output")
-  cfg = checkpoints.load_run_config(workdir)
-  vocab = vocab_lib.load_run_vocab(workdir, cfg.data)
-  model = Transformer(ModelConfig.from_config(cfg.model, vocab.get_piece_size()))
-  abstract = abstract_train_state(cfg, model, partitioning.replicated(partitioning.data_mesh()))
-  source = checkpoints.manager(workdir, read_only=True)
-  steps = checkpoints.last_steps(source, last, up_to=step)
-  state, data_state = checkpoints.restore(source, abstract, steps[-1], with_data=True)
-  if cfg.train.ema_decay > 0:  # the parameters and their moving average, each averaged
-    params, ema = checkpoints.average_params(source, abstract, steps,
-                                             lambda s: (s.params, s.ema_params))
-    state = state.replace(params=params, ema_params=ema)
-  else:
-    state = state.replace(params=checkpoints.average_params(source, abstract, steps,
-                                                            lambda s: s.params))
+  run = load_run(workdir, step, average_last=last, with_state=True)
+  state = run.state.replace(params=run.raw_params)
+  if run.ema_params is not None:  # the parameters and their moving average, each averaged
+    state = state.replace(ema_params=run.ema_params)
+  steps, data_state = run.steps, run.data_state
   output.mkdir(parents=True, exist_ok=True)
   for name in (checkpoints.CONFIG_FILE, vocab_lib.VOCAB_FILE):
     shutil.copyfile(workdir / name, output / name)
-  target = checkpoints.manager(output, keep=1)
-  checkpoints.save(target, steps[-1], state, data_state)
-  checkpoints.finish_saves(target)
+  with contextlib.closing(checkpoints.manager(output, keep=1)) as target:
+    checkpoints.save(target, steps[-1], state, data_state)
+    checkpoints.finish_saves(target)
   (output / AVERAGE_FILE).write_text(json.dumps(
       {"source_workdir": str(workdir.absolute()), "averaged_steps": steps}, indent=2) + "\n")
   return steps

@@ -47,12 +47,13 @@ from transformer.cli import (
   run_program,
 )
 from transformer.config import validate
-from transformer.data import sources
+from transformer.data import batching, sources
 from transformer.data import vocab as vocab_lib
+from transformer.data.pipeline import training_inputs
 from transformer.data.sources import DataError
 from transformer.info import table_peak, training_flops_per_target_token
 from transformer.model import EOS_ID, PAD_ID, ModelConfig, Transformer
-from transformer.train import dropout_key, jit_train_fns, prepare_data
+from transformer.step import dropout_key, jit_train_fns
 
 FLAGS = flags.FLAGS
 log = logging.getLogger("transformer")
@@ -113,8 +114,7 @@ def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int | None, seq_len:
   model = Transformer(config)
   fns = jit_train_fns(cfg, model, mesh)
   state = fns.init(jax.random.PRNGKey(0))
-  multiple = mesh.size * cfg.train.grad_accum_steps
-  rows = max(multiple, batch_tokens // seq_len // multiple * multiple)
+  rows = batching.rows_per_batch(batch_tokens, seq_len, mesh.size * cfg.train.grad_accum_steps)
   batch = partitioning.shard_batch({"src": synthetic_tokens(rows, seq_len, config.vocab_size, 0),
                                     "tgt": synthetic_tokens(rows, seq_len, config.vocab_size, 1)},
                                    mesh)
@@ -177,7 +177,7 @@ def benchmark_real_batches(cfg: ml_collections.ConfigDict, fns, holder: dict[str
   log counts it: real (non-padding) target tokens per second. Every batch shape among the first
   `count` batches is compiled before timing; the compile time is reported apart."""
   with tempfile.TemporaryDirectory() as workdir:
-    _, train_pipeline, _ = prepare_data(cfg, Path(workdir), num_devices=jax.device_count())
+    _, train_pipeline, _ = training_inputs(cfg, Path(workdir), num_devices=jax.device_count())
     with contextlib.closing(train_pipeline.batches()) as stream:
       batches = [batch for _, (batch, _) in zip(range(count), stream)]
   dropout_rng = dropout_key(cfg)
@@ -287,7 +287,7 @@ def benchmark_input(cfg, batches: int) -> dict:
   """Tokens/s the training input pipeline produces on this host (vocabulary from the cache)."""
   validate(cfg)
   with tempfile.TemporaryDirectory() as workdir:
-    _, pipeline, _ = prepare_data(cfg, Path(workdir), num_devices=jax.device_count())
+    _, pipeline, _ = training_inputs(cfg, Path(workdir), num_devices=jax.device_count())
     real = {"src": 0, "tgt": 0}
     padded = 0
     t = time.perf_counter()

@@ -33,8 +33,9 @@ import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
 
-from transformer.errors import UserError
 from transformer.config import ConfigError, base_config
+from transformer.errors import UserError
+from transformer.files import write_atomically
 
 log = logging.getLogger("transformer")
 
@@ -42,7 +43,6 @@ CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
 BROKEN_DIR = "broken_checkpoints"
 # Errors that mean "this checkpoint is of another model", not "this checkpoint is damaged".
-_MISMATCH = re.compile(r"not compatible with the stored shape|tree structures do not match")
 # What decides the model's shapes, its vocabulary and its training data: a resumed run must not
 # change these (batch size, schedule, steps, evaluation settings may change).
 FIXED_KEYS = {"model": None,  # every key
@@ -85,9 +85,7 @@ def write_run_config(workdir: str | os.PathLike, cfg: ml_collections.ConfigDict,
   text = json.dumps(json.loads(cfg.to_json_best_effort()), indent=2, sort_keys=True) + "\n"
   if previous_step is not None and path.is_file() and path.read_text() != text:
     path.replace(path.with_name(f"config.until_step{previous_step}.json"))
-  tmp = path.with_name(CONFIG_FILE + ".tmp")
-  tmp.write_text(text)
-  tmp.replace(path)
+  write_atomically(path, text)
 
 
 def load_run_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
@@ -120,9 +118,12 @@ def manager(workdir: str | os.PathLike, keep: int = 5, read_only: bool = False
   if read_only:
     options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0)
   else:
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True,
-                                           cleanup_tmp_directories=True)
-  return ocp.CheckpointManager(Path(workdir).absolute() / CHECKPOINT_DIR, options=options)
+    options = ocp.CheckpointManagerOptions(
+        preservation_policy=ocp.checkpoint_managers.LatestN(keep),
+        enable_async_checkpointing=True, cleanup_tmp_directories=True)
+  return ocp.CheckpointManager(Path(workdir).absolute() / CHECKPOINT_DIR, options=options,
+                               item_handlers={"state": ocp.StandardCheckpointHandler(),
+                                              "data": ocp.JsonCheckpointHandler()})
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state: Any, data_state: dict[str, int]) -> None:
@@ -189,6 +190,28 @@ def _available_steps(mngr: ocp.CheckpointManager, step: int | None) -> list[int]
   return [step] if step is not None else steps
 
 
+def _arrays(tree: Any) -> dict[str, tuple[int, ...]]:
+  """'params/decoder/layer_0/ffn/wi/kernel' -> shape, for every array of a (saved or abstract) state."""
+  name = lambda key: str(next(getattr(key, a) for a in ("key", "name", "idx") if hasattr(key, a)))
+  return {"/".join(map(name, path)): tuple(getattr(leaf, "shape", ()))
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _mismatch(mngr: ocp.CheckpointManager, step: int, abstract_state: Any) -> str | None:
+  """How checkpoint `step`'s saved train state (Orbax's tree metadata: array names and shapes)
+  differs from `abstract_state`; None if it matches. Raises if the metadata cannot be read."""
+  saved = mngr.item_metadata(step)["state"]
+  if saved is None:
+    raise FileNotFoundError(f"checkpoint {step} has no train state")
+  saved, wanted = _arrays(getattr(saved, "tree", saved)), _arrays(abstract_state)
+  missing, unexpected = sorted(set(wanted) - set(saved)), sorted(set(saved) - set(wanted))
+  if missing or unexpected:
+    return (f"{len(missing)} arrays of this model missing, {len(unexpected)} others present, "
+            f"e.g. {(missing or unexpected)[0]}")
+  path = next((p for p in wanted if saved[p] != wanted[p]), None)
+  return path and f"{path} has shape {saved[path]} there and {wanted[path]} here"
+
+
 def _restore_one(mngr: ocp.CheckpointManager, step: int, abstract_state: Any,
                  with_data: bool) -> tuple[Any, dict[str, int] | None]:
   items = {"state": ocp.args.StandardRestore(abstract_state)}
@@ -209,17 +232,19 @@ def restore(mngr: ocp.CheckpointManager, abstract_state: Any, step: int | None =
   failures = []
   for candidate in _available_steps(mngr, step):
     try:
-      state, data = _restore_one(mngr, candidate, abstract_state, with_data)
+      mismatch = _mismatch(mngr, candidate, abstract_state)
+      if mismatch is None:
+        state, data = _restore_one(mngr, candidate, abstract_state, with_data)
     except Exception as e:  # noqa: BLE001  Orbax and TensorStore raise many kinds
-      if _MISMATCH.search(str(e)):
-        raise CheckpointError(f"checkpoint {candidate} in {mngr.directory} does not match this "
-                              f"model ({str(e).splitlines()[0][:200]}); evaluate or resume it "
-                              "with the config it was trained with") from None
       reason = describe_os_error(e)
       failures.append(f"step {candidate} ({reason})")
       log.warning("checkpoint %d in %s cannot be restored (%s)%s", candidate, mngr.directory,
                   reason, "; trying the one before" if step is None else "")
       continue
+    if mismatch:
+      raise CheckpointError(f"checkpoint {candidate} in {mngr.directory} does not match this "
+                            f"model ({mismatch}); evaluate or resume it with the config it was "
+                            "trained with")
     if failures:
       log.warning("restored checkpoint %d instead of the broken %s", candidate,
                   ", ".join(f.split(" (")[0] for f in failures))
@@ -259,17 +284,10 @@ def last_steps(mngr: ocp.CheckpointManager, count: int, up_to: int | None = None
   return steps[-count:]
 
 
-def params_of(state: Any, ema: bool = True) -> Any:
-  """A restored train state's parameters: their moving average if `ema` and the run keeps one
-  (config.train.ema_decay > 0), else the raw ones."""
-  average = getattr(state, "ema_params", None)
-  return average if ema and average is not None else state.params
-
-
 def average_params(mngr: ocp.CheckpointManager, abstract_state: Any, steps: list[int],
-                   pick: Callable[[Any], Any] = params_of) -> Any:
-  """The arithmetic mean (float32) of `pick(state)` over checkpoints `steps`: by default their
-  parameters (`params_of`: the moving average where the run keeps one).
+                   pick: Callable[[Any], Any]) -> Any:
+  """The arithmetic mean (float32) of `pick(state)` over checkpoints `steps` (runs.load_run picks
+  the parameters and their moving average).
 
   Restores one checkpoint at a time into a running sum, so memory holds the sum and one train
   state, never N of them.

@@ -167,7 +167,8 @@ def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Checks every value once, raising `ConfigError` with the key's name; returns `cfg`."""
   for key in ("model.num_layers", "model.d_model", "model.d_ff", "model.num_heads", "model.max_len",
               "data.vocab_size", "data.max_len", "data.tokens_per_batch", "data.vocab_sample_sentences",
-              "data.pack_length", "data.shuffle_window", "train.grad_accum_steps", "train.steps", "train.warmup_steps", "train.log_every", "train.eval_every",
+              "data.pack_length", "data.shuffle_window", "train.grad_accum_steps", "train.steps",
+              "train.warmup_steps", "train.log_every", "train.eval_every",
               "train.checkpoint_every", "train.keep_checkpoints", "decode.beam_size",
               "decode.tokens_per_batch"):
     _positive(cfg, key)

@@ -30,6 +30,7 @@ every step.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -126,9 +127,10 @@ class _Decoder:
     for i in range(len(self.models)):
       cross = {k: jnp.take(v, sentence, axis=1 if "layers" in k else 0, mode="clip")
                for k, v in self.cross[i].items()}
-      shapes = jax.eval_shape(lambda: self._apply(i, traverse_util.unflatten_dict(cross), sentence,
-                                                  jnp.zeros((self.slots, self.group), jnp.int32),
-                                                  jnp.zeros((self.slots,), jnp.int32), None)[1])
+      shapes = jax.eval_shape(functools.partial(
+          self._apply, i, traverse_util.unflatten_dict(cross), sentence,
+          jnp.zeros((self.slots, self.group), jnp.int32), jnp.zeros((self.slots,), jnp.int32),
+          None))[1]
       caches.append({**cross, **{k: jnp.zeros(v.shape, v.dtype) for k, v in
                                  traverse_util.flatten_dict(shapes).items() if not _is_cross(k)}})
     return tuple(caches)

@@ -21,62 +21,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import ml_collections
-import sentencepiece as spm
 from absl import app, flags
 
-from transformer import bleu, checkpoints, partitioning, progress, translator
+from transformer import bleu, progress, runs, translator
 from transformer.cli import define_progress_flag, define_search_flags, run_program, search_overrides
 from transformer.config import ConfigError
 from transformer.data import sources
-from transformer.data import vocab as vocab_lib
 from transformer.metrics import MetricWriter, format_duration
-from transformer.model import ModelConfig, Transformer
-from transformer.train import abstract_train_state
+from transformer.watch import watch
 
 log = logging.getLogger("transformer")
 FLAGS = flags.FLAGS
-
-
-def load_model(workdir: str | Path, step: int | None = None, average_last: int = 1,
-               ema: bool = True) -> tuple[ml_collections.ConfigDict, spm.SentencePieceProcessor,
-                                          Transformer, Any, list[int]]:
-  """(config, vocabulary, model, parameters, steps) of a training workdir's checkpoint, or the mean
-  parameters of its last `average_last` checkpoints (up to `step` if given). The parameters are
-  their moving average where the run keeps one and `ema` is true (checkpoints.params_of)."""
-  cfg = checkpoints.load_run_config(workdir)
-  vocab = vocab_lib.load_run_vocab(workdir, cfg.data)
-  model = Transformer(ModelConfig.from_config(cfg.model, vocab.get_piece_size()))
-  mesh = partitioning.data_mesh()
-  mngr = checkpoints.manager(workdir, read_only=True)
-  abstract = abstract_train_state(cfg, model, partitioning.replicated(mesh))
-  if average_last == 1:
-    state = checkpoints.restore(mngr, abstract, step)
-    return cfg, vocab, model, checkpoints.params_of(state, ema), [int(state.step)]
-  steps = checkpoints.last_steps(mngr, average_last, up_to=step)
-  log.info("Averaging the parameters of the checkpoints at steps %s", ", ".join(map(str, steps)))
-  params = checkpoints.average_params(mngr, abstract, steps,
-                                      lambda state: checkpoints.params_of(state, ema))
-  return cfg, vocab, model, params, steps
-
-
-def load_ensemble(workdir: str, ensemble: Sequence[str] = (), step: int | None = None,
-                  average_last: int = 1, ema: bool = True) -> tuple[ml_collections.ConfigDict,
-                                                  spm.SentencePieceProcessor, tuple, tuple, list[int]]:
-  """load_model for `workdir` and every workdir of `ensemble` (same step and averaging for each):
-  (config and vocabulary of `workdir`, models, parameters, steps of `workdir`). Members must share
-  the vocabulary, or their log-probabilities could not be averaged."""
-  cfg, vocab, model, params, steps = load_model(workdir, step, average_last, ema)
-  models, all_params = [model], [params]
-  for member in ensemble:
-    _, member_vocab, member_model, member_params, _ = load_model(member, step, average_last, ema)
-    if member_vocab.serialized_model_proto() != vocab.serialized_model_proto():
-      raise ConfigError(f"--ensemble: {member} has a different vocabulary from {workdir} "
-                        f"({member_vocab.get_piece_size()} vs {vocab.get_piece_size()} pieces, or "
-                        "other pieces); an ensemble needs runs trained with one shared vocab.model")
-    models.append(member_model)
-    all_params.append(member_params)
-  return cfg, vocab, tuple(models), tuple(all_params), steps
 
 
 def test_set_name(split: str | None, source_file: str | None) -> str:
@@ -103,17 +58,21 @@ def nbest_lines(sources: Sequence[str], translations: translator.Translations) -
 def evaluate(workdir: str, step: int | None = None, split: str | None = None,
              source_file: str | None = None, reference_file: str | None = None,
              average_last: int = 1, ensemble: Sequence[str] = (),
-             compiled_cache: dict | None = None, ema: bool = True, **search: Any
-             ) -> dict[str, Any]:
+             compiled_cache: dict | None = None, ema: bool = True,
+             loaded: Sequence[runs.LoadedRun] | None = None, **search: Any) -> dict[str, Any]:
   """Translates an evaluation set with a checkpoint of `workdir` (or an ensemble with the
   `ensemble` workdirs), scores it, writes the report. With `ema`, a run that keeps a moving average
-  of its parameters is scored with it (report['ema'] says which were used). `search`:
+  of its parameters is scored with it (report['ema'] says which were used). `loaded`: the runs
+  already loaded by runs.load_runs (the same workdirs, step and averaging). `search`:
   SearchSettings fields to override the config's decode settings (beam_size=1, nbest=4, ...; None =
   the config's)."""
-  cfg = checkpoints.load_run_config(workdir)
-  ema = ema and cfg.train.ema_decay > 0
   if (source_file is None) != (reference_file is None):
     raise ConfigError("pass both --source_file and --reference_file, or neither")
+  loaded = loaded or runs.load_runs([workdir, *ensemble], step, average_last)
+  cfg, vocab, steps = loaded[0].config, loaded[0].vocab, loaded[0].steps
+  ema = ema and loaded[0].ema_params is not None
+  models = tuple(run.model for run in loaded)
+  params = tuple(run.params(ema) for run in loaded)
   settings = translator.SearchSettings.from_config(cfg, **search)
   if source_file:
     text = sources.read_parallel(source_file, reference_file)
@@ -122,7 +81,6 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
     split = split or cfg.data.eval_split
     text = sources.load_split(cfg.data, split)
     name = split
-  cfg, vocab, models, params, steps = load_ensemble(workdir, ensemble, step, average_last, ema)
   step = steps[-1]
   log.info("Translating %d sentences of %s with %s%s%s (%s)", len(text), text.name,
            "the parameters' moving average of " if ema else "",
@@ -170,17 +128,19 @@ def main(argv: list[str]) -> None:
   if FLAGS.workdir is None:
     raise app.UsageError("pass --workdir=DIR, the directory transformer-train wrote")
   progress.configure(FLAGS.progress)
+  search = search_overrides()
+  compiled: dict = {}  # beam searches compiled once, for every checkpoint and parameter set
   if FLAGS.watch:
-    from transformer.watch import watch
-    watch(FLAGS.workdir, poll_seconds=FLAGS.poll_seconds, idle_minutes=FLAGS.idle_minutes,
-          ema=FLAGS.ema, **search_overrides())
+    watch(FLAGS.workdir, lambda step: evaluate(FLAGS.workdir, step=step, compiled_cache=compiled,
+                                               ema=FLAGS.ema, **search),
+          poll_seconds=FLAGS.poll_seconds, idle_minutes=FLAGS.idle_minutes)
     return
   args = (FLAGS.workdir, FLAGS.step, FLAGS.split, FLAGS.source_file, FLAGS.reference_file,
           FLAGS.average_last, FLAGS.ensemble)
-  compiled: dict = {}
-  report = evaluate(*args, compiled_cache=compiled, ema=FLAGS.ema, **search_overrides())
+  loaded = runs.load_runs([FLAGS.workdir, *FLAGS.ensemble], FLAGS.step, FLAGS.average_last)
+  report = evaluate(*args, compiled_cache=compiled, ema=FLAGS.ema, loaded=loaded, **search)
   # The single checkpoint's own parameters, beside their moving average (same compiled search).
-  raw = (evaluate(*args, compiled_cache=compiled, ema=False, **search_overrides())
+  raw = (evaluate(*args, compiled_cache=compiled, ema=False, loaded=loaded, **search)
          if report["ema"] else None)
   print_report(report)
   if raw:

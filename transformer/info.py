@@ -18,16 +18,29 @@ from ml_collections import config_flags
 
 from transformer.cli import run_program
 from transformer.config import validate
-from transformer.model import (
-  ModelConfig,
-  Transformer,
-  analytic_param_count,
-  initial_params,
-)
+from transformer.model import ModelConfig, Transformer, initial_params
 
 FLAGS = flags.FLAGS
 # The paper's rounded counts (Table 3), keyed by (num_layers, d_model, d_ff, num_heads).
 PAPER_PARAMS = {(6, 512, 2048, 8): "65M (paper, 'base')", (6, 1024, 4096, 16): "213M (paper, 'big')"}
+
+
+def analytic_param_count(config: ModelConfig) -> int:
+  """Parameters by the formula (biases in every projection, no output bias), for testing the model."""
+  d, f, v, n = config.d_model, config.d_ff, config.vocab_size, config.num_layers
+  hk, hv = config.num_heads * config.key_dim, config.num_heads * config.value_dim
+  attention = 2 * (d * hk + hk) + (d * hv + hv) + (hv * d + d)  # query, key; value; output
+  ffn = d * f + f + f * d + d
+  norm = 2 * d
+  encoder_layer = attention + ffn + 2 * norm
+  decoder_layer = 2 * attention + ffn + 3 * norm
+  embeddings = v * d if config.share_embeddings else 3 * v * d
+  total = n * (encoder_layer + decoder_layer) + embeddings
+  if config.norm == "pre":
+    total += 2 * norm  # final LayerNorm of each stack
+  if config.positional == "learned":
+    total += 2 * config.max_len * d  # one table for the encoder, one for the decoder
+  return total
 
 
 # Dense bf16 peak TFLOP/s per JAX device (vendor data sheets, no sparsity). TPU v2/v3 devices are

@@ -25,7 +25,6 @@ Speed options, all off or automatic by default: attention through `jax.nn.dot_pr
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -35,31 +34,33 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from transformer import partitioning
+from transformer import kv_cache, partitioning
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Static model hyper-parameters (hashable, so jit can treat the model as a constant)."""
+  """Static model hyper-parameters (hashable, so jit can treat the model as a constant): a run
+  config's `model` section (transformer/config.py documents each key and its default) and the
+  vocabulary size. Build it with `from_config`."""
   vocab_size: int
-  num_layers: int = 6
-  d_model: int = 512
-  d_ff: int = 2048
-  num_heads: int = 8
-  d_k: int = 0  # per-head query/key width; 0 = d_model / num_heads (Table 3 row B varies it alone)
-  d_v: int = 0  # per-head value width; 0 = d_model / num_heads
-  dropout: float = 0.1
-  attention_dropout: float = 0.0
-  positional: str = "sinusoidal"
-  norm: str = "post"
-  share_embeddings: bool = True
-  max_len: int = 256
-  dtype: Any = jnp.float32
-  attention: str = "auto"  # 'auto' | 'xla' | 'cudnn' | 'reference' (see attention_kernel)
-  remat: str = "none"      # 'none' | 'full' | 'dots': what the backward pass recomputes per layer
-  scan_layers: bool = False  # one nn.scan over stacked layer parameters (faster compiles, big models)
+  num_layers: int
+  d_model: int
+  d_ff: int
+  num_heads: int
+  d_k: int  # per-head query/key width; 0 = d_model / num_heads
+  d_v: int  # per-head value width; 0 = d_model / num_heads
+  dropout: float
+  attention_dropout: float
+  positional: str
+  norm: str
+  share_embeddings: bool
+  max_len: int
+  dtype: Any
+  attention: str  # 'auto' | 'xla' | 'cudnn' | 'reference' (see attention_kernel)
+  remat: str      # 'none' | 'full' | 'dots': what the backward pass recomputes per layer
+  scan_layers: bool
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
@@ -75,6 +76,29 @@ class ModelConfig:
   @property
   def value_dim(self) -> int:
     return self.d_v or self.d_model // self.num_heads
+
+
+# --------------------------------------------------------------------------------------------- masks
+
+def source_mask(src: jax.Array) -> jax.Array:
+  """[B, 1, 1, S]: True at real (non-padding) source positions."""
+  return (src != PAD_ID)[:, None, None, :]
+
+
+def causal_mask(tgt: jax.Array) -> jax.Array:
+  """[B, 1, T, T]: True where the key position is not after the query position."""
+  return nn.make_causal_mask(tgt, dtype=jnp.bool_)
+
+
+def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Array:
+  """[B, 1, T, S]: True where query and key belong to the same packed pair (segment ids > 0)."""
+  same = query_segments[:, None, :, None] == key_segments[:, None, None, :]
+  return same & (key_segments != 0)[:, None, None, :]
+
+
+def default_positions(tokens: jax.Array, positions: jax.Array | None) -> jax.Array:
+  """Positions 0, 1, 2, ... along each row unless given (packed rows restart at every segment)."""
+  return jnp.arange(tokens.shape[1])[None, :] if positions is None else positions
 
 
 # ----------------------------------------------------------------------------------------- positions
@@ -142,78 +166,13 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, ma
   return jnp.einsum("bhts,bshv->bthv", weights.astype(value.dtype), value)
 
 
-def cached_attention(query: jax.Array, key_t: jax.Array, value: jax.Array, mask: jax.Array
-                     ) -> jax.Array:
-  """Decoding-time attention of G query hypotheses per sentence over a cache laid out for it.
-
-  [B,G,H,K] x [B,H,K,N] x [B,H,N,V] -> [B,G,H,V]; `mask` broadcasts to [B,H,G,N]. Keys are stored
-  transposed and values heads-first, so both products are plain batched matmuls over (B, H) that
-  read the cache once and copy nothing (keys in [B,H,N,K] made the first product 4x slower on CPU).
-  """
-  query = jnp.swapaxes(query, 1, 2)  # [B, H, G, K]
-  logits = jnp.einsum("bhgk,bhkn->bhgn", query, key_t, preferred_element_type=jnp.float32)
-  logits = jnp.where(mask, logits / math.sqrt(query.shape[-1]), jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
-  return jnp.swapaxes(jnp.einsum("bhgn,bhnv->bhgv", weights, value), 1, 2)
-
-
-def cache_blocks(decode_len: int, first: int = 16) -> list[tuple[int, int]]:
-  """(start, positions) of the self-attention cache's blocks: 16, 16, 32, 64, ... positions, so
-  the blocks in use at step t never hold more than about 2t positions."""
-  blocks, start = [], 0
-  while start < decode_len:
-    size = min(max(first, start), decode_len - start)
-    blocks.append((start, size))
-    start += size
-  return blocks
-
-
-def blocked_attention(query: jax.Array, keys_t: list[jax.Array], values: list[jax.Array],
-                      starts: list[int], mask: jax.Array, step: jax.Array) -> jax.Array:
-  """`cached_attention` over a self-attention cache kept as blocks of positions, skipping the blocks
-  that no hypothesis has reached yet (none holds a position <= max(step)).
-
-  The cache is preallocated for the longest output, but at step t only t + 1 positions hold keys:
-  reading all of them made each step cost as much as the last one. Each block in use gives the
-  softmax's partial maximum, sum and weighted values; they are combined as flash attention does.
-  """
-  query = jnp.swapaxes(query, 1, 2)  # [B, H, G, K]
-  group = query.shape[2]
-  scale = 1.0 / math.sqrt(query.shape[-1])
-  lowest = jnp.finfo(jnp.float32).min
-  reached = jnp.max(step)
-  parts = []
-  for key_t, value, start in zip(keys_t, values, starts):
-    block_mask = mask[..., start * group:start * group + key_t.shape[-1]]
-
-    def attend(key_t=key_t, value=value, block_mask=block_mask):
-      logits = jnp.einsum("bhgk,bhkn->bhgn", query, key_t, preferred_element_type=jnp.float32)
-      logits = jnp.where(block_mask, logits * scale, lowest)
-      peak = jnp.max(logits, axis=-1, keepdims=True)
-      weights = jnp.where(block_mask, jnp.exp(logits - peak), 0.0)
-      return (peak, weights.sum(-1, keepdims=True),
-              jnp.einsum("bhgn,bhnv->bhgv", weights.astype(value.dtype), value,
-                         preferred_element_type=jnp.float32))
-
-    if start == 0:
-      parts.append(attend())
-    else:
-      shapes = jax.eval_shape(attend)
-      parts.append(jax.lax.cond(reached >= start, attend, lambda shapes=shapes: tuple(
-          jnp.full(x.shape, lowest if i == 0 else 0.0, x.dtype) for i, x in enumerate(shapes))))
-  peak = functools.reduce(jnp.maximum, [p for p, _, _ in parts])
-  total = sum(jnp.exp(p - peak) * t for p, t, _ in parts)
-  out = sum(jnp.exp(p - peak) * o for p, _, o in parts) / total
-  return jnp.swapaxes(out.astype(values[0].dtype), 1, 2)
-
-
 def attention_kernel(config: ModelConfig, with_dropout: bool) -> str:
   """Which implementation computes attention over full sequences: 'reference' (ours), 'xla' or
   'cudnn' (both through `jax.nn.dot_product_attention`, whose logits and softmax are float32 too).
 
   'auto' picks cuDNN's fused flash attention on a GPU for bf16/fp16 heads of equal width (a multiple
   of 8, at most 128), XLA's path elsewhere, and the reference wherever the fused kernels cannot follow
-  the config (attention dropout in training, d_k != d_v). Decoding steps use `cached_attention`.
+  the config (attention dropout in training, d_k != d_v). Decoding steps use kv_cache.py.
   """
   if config.attention == "reference" or with_dropout or config.key_dim != config.value_dim:
     return "reference"
@@ -227,11 +186,10 @@ def attention_kernel(config: ModelConfig, with_dropout: bool) -> str:
 class MultiHeadAttention(nn.Module):
   """Multi-head attention: H heads of d_k-wide queries and keys and d_v-wide values (D / H by default).
 
-  `cache` selects decoding behaviour: None (full sequences), 'self' (inputs are [B, G, D]: one new
-  position `step` (one for all, or [B]) for each of G hypotheses per sentence; their keys and values
-  are written into a cache of `decode_len` positions x G slots, kept in blocks (`cache_blocks`), and
-  `mask` [B, 1, G, decode_len * G] says which slots each hypothesis reads), 'cross' (keys and values
-  of the encoder output are projected on the first call and reused). Applied with the
+  `cache` selects decoding behaviour (kv_cache.py): None (full sequences), 'self' (inputs are
+  [B, G, D]: one new position `step` for each of G hypotheses per sentence, attending over the
+  cache of `decode_len` positions), 'cross' (keys and values of the encoder output are projected on
+  the first call and reused). Applied with the
   'intermediates' collection mutable, outside decoding, it also records its attention weights
   [B,H,T,S] there ('attention_weights', read by attention.py's maps); otherwise that costs nothing.
   """
@@ -248,32 +206,11 @@ class MultiHeadAttention(nn.Module):
         kernel_init=_init(_dense_init, "embed", "heads", "kv"), bias_init=_init(_zeros, "heads", "kv"))
     query = project("query", cfg.key_dim)(inputs_q)
     key_proj, value_proj = project("key", cfg.key_dim), project("value", cfg.value_dim)
-    keys_last = lambda x: jnp.transpose(x, (0, 2, 3, 1))  # [B, T, H, K] -> [B, H, K, T]
-    heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B, T, H, V] -> [B, H, T, V]
     if cache == "cross":
-      key = self.variable("cache", "cached_key", lambda: keys_last(key_proj(inputs_kv))).value
-      value = self.variable("cache", "cached_value", lambda: heads_first(value_proj(inputs_kv))).value
-      out = cached_attention(query, key, value, mask)
-    elif cache == "self":  # block slot (position - block start) * G + hypothesis
-      batch, group = inputs_kv.shape[:2]
-      new_key, new_value = key_proj(inputs_kv), value_proj(inputs_kv)  # [B, G, H, d]
-      steps = jnp.broadcast_to(step, (batch,))
-      rows, hypotheses = jnp.arange(batch)[:, None], jnp.arange(group)
-      keys_t, values, starts = [], [], []
-      for i, (start, size) in enumerate(cache_blocks(decode_len)):
-        key_var = self.variable("cache", f"cached_key_{i}", jnp.zeros,
-                                (batch, heads, cfg.key_dim, size * group), new_key.dtype)
-        value_var = self.variable("cache", f"cached_value_{i}", jnp.zeros,
-                                  (batch, heads, size * group, cfg.value_dim), new_value.dtype)
-        # Each sentence writes at its own position, into the block that holds it (others drop it).
-        local = steps - start
-        slot = jnp.where((local >= 0) & (local < size), local, size)[:, None] * group + hypotheses
-        key_var.value = key_var.value.at[rows, :, :, slot].set(new_key, mode="drop")
-        value_var.value = value_var.value.at[rows, :, slot].set(new_value, mode="drop")
-        keys_t.append(key_var.value)
-        values.append(value_var.value)
-        starts.append(start)
-      out = blocked_attention(query, keys_t, values, starts, mask, steps)
+      out = kv_cache.cross_attention(self, query, key_proj, value_proj, inputs_kv, mask)
+    elif cache == "self":
+      out = kv_cache.self_attention(self, query, key_proj(inputs_kv), value_proj(inputs_kv), mask,
+                                    step, decode_len)
     else:
       key, value = key_proj(inputs_kv), value_proj(inputs_kv)
       query, key, value = (constrain(x, "batch", "length", "act_heads", "kv")
@@ -485,27 +422,6 @@ def _output_logits_bwd(residuals, d_logits):
 output_logits.defvjp(_output_logits_fwd, _output_logits_bwd)
 
 
-def source_mask(src: jax.Array) -> jax.Array:
-  """[B, 1, 1, S]: True at real (non-padding) source positions."""
-  return (src != PAD_ID)[:, None, None, :]
-
-
-def causal_mask(tgt: jax.Array) -> jax.Array:
-  """[B, 1, T, T]: True where the key position is not after the query position."""
-  return nn.make_causal_mask(tgt, dtype=jnp.bool_)
-
-
-def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Array:
-  """[B, 1, T, S]: True where query and key belong to the same packed pair (segment ids > 0)."""
-  same = query_segments[:, None, :, None] == key_segments[:, None, None, :]
-  return same & (key_segments != 0)[:, None, None, :]
-
-
-def default_positions(tokens: jax.Array, positions: jax.Array | None) -> jax.Array:
-  """Positions 0, 1, 2, ... along each row unless given (packed rows restart at every segment)."""
-  return jnp.arange(tokens.shape[1])[None, :] if positions is None else positions
-
-
 # -------------------------------------------------------------------------------------------- model
 
 class Transformer(nn.Module):
@@ -568,22 +484,3 @@ def shift_right(tgt: jax.Array, segments: jax.Array | None = None) -> jax.Array:
     previous_segment = jnp.concatenate([jnp.zeros_like(segments[:, :1]), segments[:, :-1]], axis=1)
     shifted = jnp.where(segments != previous_segment, BOS_ID, shifted)
   return jnp.where(tgt == PAD_ID, PAD_ID, shifted)
-
-
-def analytic_param_count(config: ModelConfig) -> int:
-  """Parameters by the formula (biases in every projection, no output bias), for testing the model."""
-  d, f, v, n = config.d_model, config.d_ff, config.vocab_size, config.num_layers
-  hk, hv = config.num_heads * config.key_dim, config.num_heads * config.value_dim
-  attention = 2 * (d * hk + hk) + (d * hv + hv) + (hv * d + d)  # query, key; value; output
-  ffn = d * f + f + f * d + d
-  norm = 2 * d
-  encoder_layer = attention + ffn + 2 * norm
-  decoder_layer = 2 * attention + ffn + 3 * norm
-  embeddings = v * d if config.share_embeddings else 3 * v * d
-  total = n * (encoder_layer + decoder_layer) + embeddings
-  if config.norm == "pre":
-    total += 2 * norm  # final LayerNorm of each stack
-  if config.positional == "learned":
-    total += 2 * config.max_len * d  # one table for the encoder, one for the decoder
-  return total
-

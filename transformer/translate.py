@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
-from pathlib import Path
 
 from absl import app, flags
 
-from transformer import checkpoints, progress, translator
+from transformer import progress, runs, translator
 from transformer.cli import define_progress_flag, define_search_flags, run_program, search_overrides
 from transformer.data import sources
-from transformer.evaluate import load_ensemble, nbest_lines
+from transformer.evaluate import nbest_lines
+from transformer.files import write_atomically
 
 log = logging.getLogger("transformer")
 FLAGS = flags.FLAGS
@@ -61,10 +60,7 @@ def write_output(lines: list[str], output_file: str | None) -> None:
   if not output_file:
     sys.stdout.write(text)
     return
-  path = Path(output_file)
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(text, encoding="utf-8")
-  os.replace(tmp, path)  # a failed run never leaves half a file
+  write_atomically(output_file, text)
 
 
 def main(argv: list[str]) -> None:
@@ -74,11 +70,12 @@ def main(argv: list[str]) -> None:
     raise app.UsageError("pass --workdir=DIR, the directory transformer-train wrote")
   progress.configure(FLAGS.progress)
   sentences = read_input(FLAGS.input_file)
-  cfg = checkpoints.load_run_config(FLAGS.workdir)
   targets = sources.read_lines(FLAGS.score) if FLAGS.score else None
-  settings = translator.SearchSettings.from_config(cfg, **search_overrides())
-  cfg, vocab, models, params, steps = load_ensemble(FLAGS.workdir, FLAGS.ensemble, FLAGS.step,
-                                                    FLAGS.average_last)
+  search = search_overrides()
+  loaded = runs.load_runs([FLAGS.workdir, *FLAGS.ensemble], FLAGS.step, FLAGS.average_last)
+  cfg, vocab, steps = loaded[0].config, loaded[0].vocab, loaded[0].steps
+  models, params = tuple(r.model for r in loaded), tuple(r.params() for r in loaded)
+  settings = translator.SearchSettings.from_config(cfg, **search)
   if targets is not None:
     scores = translator.score(models, params, vocab, sentences, targets,
                               tokens_per_batch=settings.tokens_per_batch,

@@ -23,6 +23,7 @@ import sentencepiece as spm
 
 from transformer import decode, partitioning, progress
 from transformer.config import ConfigError
+from transformer.data import batching
 from transformer.data.batching import pad_rows
 from transformer.model import EOS_ID, PAD_ID, Transformer
 
@@ -145,7 +146,7 @@ def _batches(lengths: Sequence[int], tokens_per_batch: int, limit: int, multiple
     groups.setdefault(_bucket(lengths[i], limit), []).append(i)
   batches = []
   for length, members in groups.items():
-    rows = max(multiple, tokens_per_batch // length // multiple * multiple)
+    rows = batching.rows_per_batch(tokens_per_batch, length, multiple)
     size = rows * queue_batches
     # Longest first within a queue: the sentences left when the queue runs dry are short ones, so
     # the slots idle for fewer steps at the end (the order of results is unaffected).

@@ -13,13 +13,14 @@ one checkpoint to the next.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from transformer import checkpoints
-from transformer.evaluate import evaluate
 from transformer.metrics import read_metrics
 
 log = logging.getLogger("transformer")
@@ -44,37 +45,44 @@ def update_best(workdir: Path, report: dict) -> dict:
   return best
 
 
-def watch(workdir: str, poll_seconds: float = 60, idle_minutes: float = 0, **decode) -> list[int]:
-  """Evaluates new checkpoints until training has finished; returns the steps evaluated."""
+def watch(workdir: str, evaluate_step: Callable[[int], dict], poll_seconds: float = 60,
+          idle_minutes: float = 0) -> list[int]:
+  """Evaluates new checkpoints with `evaluate_step(step) -> report` (evaluate.evaluate with the
+  program's flags) until training has finished; returns the steps evaluated."""
   workdir = Path(workdir)
   test_set = checkpoints.load_run_config(workdir).data.eval_split
   done = evaluated_steps(workdir, test_set)
-  compiled: dict = {}
   evaluated, last_new = [], time.time()
   log.info("Watching %s for new checkpoints (every %.0fs)", workdir / checkpoints.CHECKPOINT_DIR,
            poll_seconds)
-  while True:
-    final_step = checkpoints.load_run_config(workdir).train.steps  # re-read: a resume may extend it
-    steps = sorted(checkpoints.manager(workdir, read_only=True).all_steps()) \
-        if (workdir / checkpoints.CHECKPOINT_DIR).is_dir() else []
-    for step in (s for s in steps if s not in done):
-      try:
-        report = evaluate(str(workdir), step=step, compiled_cache=compiled, **decode)
-      except checkpoints.CheckpointError as e:
-        log.warning("skipping checkpoint %d: %s", step, e)
-        done.add(step)  # deleted by keep-N, or broken: not tried again
-        continue
-      done.add(step)
-      evaluated.append(step)
-      last_new = time.time()
-      best = update_best(workdir, report)
-      log.info("step %d: sacreBLEU %.2f (tokenized %.2f); best so far: step %d, %.2f", step,
-               report["sacrebleu"]["bleu"], report["tokenized_bleu"]["bleu"], best["step"],
-               best["bleu"])
-    if done and max(done) >= final_step:
-      log.info("Training has finished (step %d evaluated); stopping", max(done))
-      return evaluated
-    if idle_minutes and time.time() - last_new > idle_minutes * 60:
-      log.info("No new checkpoint for %.0f minutes; stopping", idle_minutes)
-      return evaluated
-    time.sleep(poll_seconds)
+  with contextlib.ExitStack() as stack:
+    mngr = None  # one manager for the whole watch, made once the trainer has made its directory
+    while True:
+      final_step = checkpoints.load_run_config(workdir).train.steps  # a resume may extend it
+      if mngr is None and (workdir / checkpoints.CHECKPOINT_DIR).is_dir():
+        mngr = stack.enter_context(contextlib.closing(checkpoints.manager(workdir, read_only=True)))
+      if mngr is not None:
+        mngr.reload()
+      for step in sorted(mngr.all_steps() if mngr else []):
+        if step in done:
+          continue
+        try:
+          report = evaluate_step(step)
+        except checkpoints.CheckpointError as e:
+          log.warning("skipping checkpoint %d: %s", step, e)
+          done.add(step)  # deleted by keep-N, or broken: not tried again
+          continue
+        done.add(step)
+        evaluated.append(step)
+        last_new = time.time()
+        best = update_best(workdir, report)
+        log.info("step %d: sacreBLEU %.2f (tokenized %.2f); best so far: step %d, %.2f", step,
+                 report["sacrebleu"]["bleu"], report["tokenized_bleu"]["bleu"], best["step"],
+                 best["bleu"])
+      if done and max(done) >= final_step:
+        log.info("Training has finished (step %d evaluated); stopping", max(done))
+        return evaluated
+      if idle_minutes and time.time() - last_new > idle_minutes * 60:
+        log.info("No new checkpoint for %.0f minutes; stopping", idle_minutes)
+        return evaluated
+      time.sleep(poll_seconds)

@@ -22,15 +22,19 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Protocol
 
 import jax
+import ml_collections
 import numpy as np
 import sentencepiece as spm
 
 from transformer.config import BATCHING_MODES
-from transformer.data import batching
+from transformer.data import batching, sources
+from transformer.data import vocab as vocab_lib
 from transformer.data.sources import DataError
+from transformer.distributed import leader_first
 
 log = logging.getLogger("transformer")
 
@@ -78,6 +82,14 @@ class BatchSpec:
 
   def global_rows(self, length: int) -> int:
     return batching.rows_per_batch(self.tokens_per_batch, length, self.row_multiple)
+
+  @classmethod
+  def for_training(cls, cfg: ml_collections.ConfigDict, num_devices: int) -> BatchSpec:
+    """How a run's training batches are made: rows divisible by the devices times the micro-batches."""
+    return cls(mode=cfg.data.batching, tokens_per_batch=cfg.data.tokens_per_batch,
+               max_len=cfg.data.max_len, max_ratio=cfg.data.max_length_ratio,
+               pack_length=cfg.data.pack_length,
+               row_multiple=num_devices * cfg.train.grad_accum_steps)
 
 
 @dataclasses.dataclass
@@ -250,9 +262,10 @@ class InputPipeline:
           epoch_drops[reason] += n
         if window + 1 == self.num_windows:
           if epoch_batches == 0:
-            raise DataError(f"no sentence pair of {self.source.name} is left after filtering ("
-                            f"{batching.describe_drops(epoch_kept, epoch_drops, self.spec.max_len, self.spec.max_ratio)}"
-                            "); check the data or raise config.data.max_len")
+            drops = batching.describe_drops(epoch_kept, epoch_drops, self.spec.max_len,
+                                            self.spec.max_ratio)
+            raise DataError(f"no sentence pair of {self.source.name} is left after filtering "
+                            f"({drops}); check the data or raise config.data.max_len")
           epoch_batches, epoch_kept = 0, 0
           epoch_drops = dict.fromkeys(batching.DROP_REASONS, 0)
     finally:
@@ -269,3 +282,29 @@ class InputPipeline:
 
   def epoch_fraction(self, state: PipelineState) -> float:
     return state.epoch + state.window / self.num_windows
+
+
+def training_inputs(cfg: ml_collections.ConfigDict, workdir: Path, num_devices: int
+                    ) -> tuple[spm.SentencePieceProcessor, InputPipeline, list[dict[str, np.ndarray]]]:
+  """Opens the data, builds or reuses the vocabulary; returns (vocab, train pipeline, eval batches).
+
+  Validation pairs are batched once (length buckets, no junk filter) and kept in memory.
+  """
+  train_source = sources.open_split(cfg.data, cfg.data.train_split)
+  eval_source = sources.open_split(cfg.data, cfg.data.eval_split)
+  # Process 0 trains (or copies) the vocabulary first; the others then find it in the workdir.
+  vocab = leader_first("vocabulary", lambda: vocab_lib.vocab_for_run(workdir, cfg.data,
+                                                                     train_source, cfg.seed))
+  spec = BatchSpec.for_training(cfg, num_devices)
+  train_pipeline = InputPipeline(train_source, vocab, spec, seed=cfg.seed,
+                                 window_size=cfg.data.shuffle_window)
+  eval_spec = dataclasses.replace(spec, mode="bucket", max_ratio=0, row_multiple=num_devices)
+  eval_pipeline = InputPipeline(eval_source, vocab, eval_spec, shuffle=False, repeat=False,
+                                window_size=len(eval_source))
+  eval_batches = [batch for batch, _ in eval_pipeline.batches()]
+  log.info("Data: %s training pairs (%s), %s validation pairs in %d batches; vocabulary %d; "
+           "%s batches of ~%d tokens per side%s", f"{len(train_source):,}", train_source.name,
+           f"{len(eval_source):,}", len(eval_batches), vocab.get_piece_size(), cfg.data.batching,
+           cfg.data.tokens_per_batch,
+           f" in {cfg.train.grad_accum_steps} micro-batches" if cfg.train.grad_accum_steps > 1 else "")
+  return vocab, train_pipeline, eval_batches

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 import sentencepiece as spm
 
 from transformer.data.sources import DataError, tfds_data_dir
+from transformer.files import write_atomically
 from transformer.model import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 log = logging.getLogger("transformer")
@@ -130,9 +130,7 @@ def vocab_for_run(workdir: str | os.PathLike, data: ml_collections.ConfigDict, s
   path = Path(workdir) / VOCAB_FILE
   if path.is_file():
     return load_run_vocab(workdir, data)
-  tmp = path.with_name(VOCAB_FILE + ".tmp")
-  shutil.copyfile(cached_vocab(data, source, seed), tmp)
-  os.replace(tmp, path)  # a run killed while copying never leaves half a vocabulary
+  write_atomically(path, cached_vocab(data, source, seed).read_bytes())
   return load_vocab(path)
 
 

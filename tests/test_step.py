@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import init_params, random_tokens, tiny_model_config
+from helpers import init_params, random_tokens, tiny_model_config
 
 from transformer.config import RNG_IMPLS, base_config
 from transformer.model import Transformer, shift_right
-from transformer.train import (
+from transformer.step import (
   EmaTrainState,
   TrainState,
   dropout_key,
