@@ -30,7 +30,7 @@ def tiny_model_config(**overrides) -> ModelConfig:
 
 def init_params(model: Transformer, seed: int = 0, scale: float = 1.0):
   """Random parameters; `scale` > 1 sharpens the output distributions (more decisive decoding)."""
-  params = initial_params(model, jax.random.PRNGKey(seed))
+  params = initial_params(model, jax.random.key(seed))
   return jax.tree.map(lambda x: x * scale, params)
 
 

@@ -40,7 +40,7 @@ TRAIN_TOGETHER = textwrap.dedent("""
     model = Transformer(ModelConfig.from_config(cfg.model, 32))
     mesh = partitioning.make_mesh(cfg, 32)
     fns = jit_train_fns(cfg, model, mesh)
-    state = fns.init(jax.random.PRNGKey(0))
+    state = fns.init(jax.random.key(0))
     sharding = partitioning.batch_sharding(mesh)
     rng = np.random.default_rng(0)
     for step in range(3):

@@ -42,7 +42,7 @@ def assert_same_tree(a, b):
 
 def test_a_non_finite_update_is_never_applied(rng):
   model, state, batch = poisoned_state(rng)
-  key = jax.random.PRNGKey(0)
+  key = jax.random.key(0)
   step = jax.jit(functools.partial(train_step, smoothing=0.1))
   # 'stop': nothing changes, not even the step; the health flag goes false ...
   stopped, sums = step(state, batch, key, jnp.asarray(True))

@@ -83,7 +83,7 @@ STRATEGIES = textwrap.dedent("""
       devices = jax.devices()[:int(np.prod(shape))]
       mesh = partitioning.make_mesh(c, 32, devices)
       fns = jit_train_fns(c, Transformer(ModelConfig.from_config(c.model, 32)), mesh)
-      state = fns.init(jax.random.PRNGKey(0))
+      state = fns.init(jax.random.key(0))
       sharded_batch = partitioning.shard_batch(batch, mesh)
       for _ in range(3):
         state, sums = fns.step(state, sharded_batch, jax.random.key(1))

@@ -91,7 +91,7 @@ def test_train_step_follows_the_gradient_of_the_mean_token_loss(rng):
   state = TrainState.create(apply_fn=model.apply, params=params, tx=optax.sgd(1.0))
   batch = {"src": random_tokens(rng, 3, 5, 24, lengths=[5, 3, 2]),
            "tgt": random_tokens(rng, 3, 6, 24, lengths=[6, 4, 1])}
-  new_state, sums = train_step(state, batch, jax.random.PRNGKey(0), smoothing=0.1)
+  new_state, sums = train_step(state, batch, jax.random.key(0), smoothing=0.1)
   assert int(new_state.step) == 1
   assert float(sums["tokens"]) == 11
 
@@ -116,13 +116,13 @@ def test_moving_average_follows_the_applied_updates(rng):
   step = jax.jit(functools.partial(train_step, smoothing=0.1, ema_decay=0.99, skip_nonfinite=True))
   averages = [params]
   for _ in range(3):
-    state, _ = step(state, batch, jax.random.PRNGKey(0))
+    state, _ = step(state, batch, jax.random.key(0))
     d = min(0.99, (1 + int(state.step)) / (10 + int(state.step)))  # 2/11, 3/12, 4/13
     averages.append(jax.tree.map(lambda a, p, d=d: d * a + (1 - d) * p, averages[-1], state.params))
     for got, want in zip(jax.tree.leaves(state.ema_params), jax.tree.leaves(averages[-1])):
       np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
   nan_batch_state = state.replace(params=jax.tree.map(lambda x: x * jnp.nan, state.params))
-  skipped, sums = step(nan_batch_state, batch, jax.random.PRNGKey(0))
+  skipped, sums = step(nan_batch_state, batch, jax.random.key(0))
   assert float(sums["finite"]) == 0
   for got, want in zip(jax.tree.leaves(skipped.ema_params), jax.tree.leaves(state.ema_params)):
     np.testing.assert_array_equal(got, want)
@@ -137,7 +137,7 @@ def test_train_step_applies_adam_on_the_paper_schedule(rng):
   params = init_params(model)
   state = TrainState.create(apply_fn=model.apply, params=params, tx=make_optimizer(cfg))
   batch = {"src": random_tokens(rng, 3, 5, 24), "tgt": random_tokens(rng, 3, 6, 24)}
-  new_state, _ = train_step(state, batch, jax.random.PRNGKey(0), smoothing=0.1)
+  new_state, _ = train_step(state, batch, jax.random.key(0), smoothing=0.1)
   lr = float(learning_rate_schedule(16, cfg.train.warmup_steps, 1000.0)(0))
   steps = np.concatenate([np.abs(np.asarray(a - b)).ravel() for a, b in
                           zip(jax.tree.leaves(new_state.params), jax.tree.leaves(params))])
@@ -154,9 +154,9 @@ def test_gradient_accumulation_makes_the_same_update(rng):
   state = TrainState.create(apply_fn=model.apply, params=init_params(model), tx=optax.sgd(1.0))
   batch = {"src": random_tokens(rng, 8, 6, 24, lengths=[6, 5, 4, 3, 6, 2, 5, 1]),
            "tgt": random_tokens(rng, 8, 7, 24, lengths=[7, 3, 4, 5, 2, 6, 1, 7])}
-  whole, whole_sums = train_step(state, batch, jax.random.PRNGKey(0), smoothing=0.1)
+  whole, whole_sums = train_step(state, batch, jax.random.key(0), smoothing=0.1)
   accumulated, sums = jax.jit(functools.partial(train_step, smoothing=0.1, accum_steps=4))(
-      state, batch, jax.random.PRNGKey(0))
+      state, batch, jax.random.key(0))
   for key in ("loss", "nll", "tokens", "grad_norm"):
     assert float(sums[key]) == pytest.approx(float(whole_sums[key]), rel=1e-5)
   for got, want in zip(jax.tree.leaves(accumulated.params), jax.tree.leaves(whole.params)):
@@ -190,8 +190,8 @@ def test_packed_rows_train_like_the_same_pairs_unpacked(rng):
   cfg = base_config()
   cfg.model.d_model = 16
   state = TrainState.create(apply_fn=model.apply, params=params, tx=make_optimizer(cfg))
-  a, sums_a = train_step(state, packed, jax.random.PRNGKey(0), smoothing=0.1)
-  b, sums_b = train_step(state, unpacked, jax.random.PRNGKey(0), smoothing=0.1)
+  a, sums_a = train_step(state, packed, jax.random.key(0), smoothing=0.1)
+  b, sums_b = train_step(state, unpacked, jax.random.key(0), smoothing=0.1)
   assert float(sums_a["tokens"]) == float(sums_b["tokens"]) == sum(t for _, t in lengths) + 6
   assert float(sums_a["loss"]) == pytest.approx(float(sums_b["loss"]), rel=1e-5)
   for got, want in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):

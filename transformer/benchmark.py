@@ -99,6 +99,17 @@ def synthetic_tokens(rows: int, length: int, vocab_size: int, seed: int = 0) -> 
   return tokens
 
 
+def device_peak(flag: float | None, measure: bool, dtype, device_kind: str
+                ) -> tuple[float | None, str]:
+  """The peak TFLOP/s per device for MFU, and where it came from: --peak_tflops, else a matmul
+  measured in the model's dtype (--measure_peak), else the table by device kind (None off it)."""
+  if flag is not None:
+    return flag, "--peak_tflops"
+  if measure:
+    return measure_peak_tflops(dtype), f"measured {jnp.dtype(dtype).name} matmul"
+  return table_peak(device_kind), f"table ({device_kind}, bf16 dense)"
+
+
 def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int | None, seq_len: int, steps: int,
               warmup: int, decode_sentences: int = 0, peak_tflops: float | None = None,
               measure_peak: bool = False, checkpoint_saves: int = 0,
@@ -113,7 +124,7 @@ def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int | None, seq_len:
   config = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
   model = Transformer(config)
   fns = jit_train_fns(cfg, model, mesh)
-  state = fns.init(jax.random.PRNGKey(0))
+  state = fns.init(jax.random.key(0))
   rows = batching.rows_per_batch(batch_tokens, seq_len, mesh.size * cfg.train.grad_accum_steps)
   batch = partitioning.shard_batch({"src": synthetic_tokens(rows, seq_len, config.vocab_size, 0),
                                     "tgt": synthetic_tokens(rows, seq_len, config.vocab_size, 1)},
@@ -136,11 +147,7 @@ def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int | None, seq_len:
   tokens_per_step = rows * seq_len
   flops_per_step = training_flops_per_target_token(config, seq_len, seq_len) * tokens_per_step
   device_kind = jax.devices()[0].device_kind
-  peak, peak_source = peak_tflops, "--peak_tflops"
-  if peak is None and measure_peak:
-    peak, peak_source = measure_peak_tflops(config.dtype), f"measured {config.dtype.name} matmul"
-  if peak is None:
-    peak, peak_source = table_peak(device_kind), f"table ({device_kind}, bf16 dense)"
+  peak, peak_source = device_peak(peak_tflops, measure_peak, config.dtype, device_kind)
   achieved = flops_per_step / times["median"] / 1e12
   result = {
       "backend": jax.default_backend(), "device": device_kind, "devices": mesh.size,

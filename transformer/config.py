@@ -165,6 +165,13 @@ def _probability(cfg: ml_collections.ConfigDict, key: str) -> None:
 
 def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Checks every value once, raising `ConfigError` with the key's name; returns `cfg`."""
+  _check_values(cfg)
+  _check_combinations(cfg)
+  return cfg
+
+
+def _check_values(cfg: ml_collections.ConfigDict) -> None:
+  """Each key on its own: its type, range or one of its choices."""
   for key in ("model.num_layers", "model.d_model", "model.d_ff", "model.num_heads", "model.max_len",
               "data.vocab_size", "data.max_len", "data.tokens_per_batch", "data.vocab_sample_sentences",
               "data.pack_length", "data.shuffle_window", "train.grad_accum_steps", "train.steps",
@@ -174,10 +181,6 @@ def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _positive(cfg, key)
   for key in ("decode.max_extra_len", "model.d_k", "model.d_v"):
     _positive(cfg, key, allow_zero=True)
-  if (not cfg.model.d_k or not cfg.model.d_v) and cfg.model.d_model % cfg.model.num_heads:
-    raise ConfigError(f"config.model.d_model ({cfg.model.d_model}) must be divisible by "
-                      f"config.model.num_heads ({cfg.model.num_heads}): d_k = d_model / num_heads "
-                      "(or set config.model.d_k and config.model.d_v)")
   _choice(cfg, "model.positional", POSITIONAL_KINDS)
   _choice(cfg, "model.norm", NORM_KINDS)
   _choice(cfg, "model.dtype", DTYPES)
@@ -195,15 +198,10 @@ def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if not isinstance(size, int) or isinstance(size, bool) or (size < 1 and size != -1):
       raise ConfigError(f"config.mesh.{axis} must be a positive number of devices or -1 (the rest), "
                         f"got {size!r}")
-  if [cfg.mesh[a] for a in ("data", "fsdp", "tensor")].count(-1) > 1:
-    raise ConfigError("only one of config.mesh.data / fsdp / tensor may be -1 (the devices left)")
   ratio = cfg.data.max_length_ratio
   if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or (ratio != 0 and ratio < 1):
     raise ConfigError(f"config.data.max_length_ratio must be >= 1 (or 0 to keep every ratio), "
                       f"got {ratio!r}")
-  if cfg.data.batching == "pack" and cfg.data.pack_length < cfg.data.max_len:
-    raise ConfigError(f"config.data.pack_length ({cfg.data.pack_length}) must be >= "
-                      f"config.data.max_len ({cfg.data.max_len}) so that every kept pair fits a row")
   for key in ("model.dropout", "model.attention_dropout", "train.label_smoothing"):
     _probability(cfg, key)
   minutes = cfg.train.checkpoint_minutes
@@ -220,6 +218,19 @@ def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     raise ConfigError(f"config.decode.alpha must be >= 0, got {cfg.decode.alpha!r}")
   if cfg.data.vocab_size < 8:
     raise ConfigError(f"config.data.vocab_size must be at least 8, got {cfg.data.vocab_size}")
+
+
+def _check_combinations(cfg: ml_collections.ConfigDict) -> None:
+  """Keys that must agree with each other."""
+  if (not cfg.model.d_k or not cfg.model.d_v) and cfg.model.d_model % cfg.model.num_heads:
+    raise ConfigError(f"config.model.d_model ({cfg.model.d_model}) must be divisible by "
+                      f"config.model.num_heads ({cfg.model.num_heads}): d_k = d_model / num_heads "
+                      "(or set config.model.d_k and config.model.d_v)")
+  if [cfg.mesh[a] for a in ("data", "fsdp", "tensor")].count(-1) > 1:
+    raise ConfigError("only one of config.mesh.data / fsdp / tensor may be -1 (the devices left)")
+  if cfg.data.batching == "pack" and cfg.data.pack_length < cfg.data.max_len:
+    raise ConfigError(f"config.data.pack_length ({cfg.data.pack_length}) must be >= "
+                      f"config.data.max_len ({cfg.data.max_len}) so that every kept pair fits a row")
   if cfg.model.positional == "learned" and cfg.model.max_len < cfg.data.max_len:
     raise ConfigError(f"config.model.max_len ({cfg.model.max_len}) must be >= config.data.max_len "
                       f"({cfg.data.max_len}) for learned positions")
@@ -233,4 +244,3 @@ def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         raise ConfigError(f"config.data.{key} must name a text file when config.data.source='files'")
   if cfg.data.source == "tfds" and not cfg.data.tfds_name:
     raise ConfigError("config.data.tfds_name must be set when config.data.source='tfds'")
-  return cfg

@@ -104,22 +104,32 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
             "source": text.name, "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}",
             "sacrebleu": score, "chrf": chrf, "tokenized_bleu": paper_score,
             "decode": settings.describe(), **stats, "total_sec": time.time() - t}
-  json_path = report_path(workdir, name, step, len(steps), 1 + len(ensemble), ema)
+  report["files"] = write_report(report, result, text.source, settings)
+  return report
+
+
+def write_report(report: dict[str, Any], result: translator.Translations, sources_: Sequence[str],
+                 settings: translator.SearchSettings) -> list[str]:
+  """The hypotheses (and n-best lists), the JSON report and a `bleu` record in metrics.jsonl and
+  TensorBoard; returns the files written."""
+  workdir, step, steps = report["workdir"], report["checkpoint_step"], report["averaged_steps"]
+  members = len(report["ensemble"] or [None])
+  json_path = report_path(workdir, report["test_set"], step, len(steps), members, report["ema"])
   hyp_path = json_path.with_suffix(".hyp.txt")
   json_path.parent.mkdir(exist_ok=True)
-  hyp_path.write_text("".join(h + "\n" for h in hypotheses))
+  hyp_path.write_text("".join(h + "\n" for h in result.hypotheses))
   files = [str(hyp_path), str(json_path)]
   if settings.nbest > 1:
     nbest_path = json_path.with_suffix(".nbest.jsonl")
-    nbest_path.write_text(nbest_lines(text.source, result))
+    nbest_path.write_text(nbest_lines(sources_, result))
     files.append(str(nbest_path))
   json_path.write_text(json.dumps(report, indent=2) + "\n")
   with MetricWriter(workdir, tensorboard_dir="eval") as writer:
-    writer.write("bleu", step, test_set=name, averaged=len(steps), ensemble=1 + len(ensemble), ema=ema,
-                 bleu=score["bleu"], chrf=chrf["chrf"], tokenized_bleu=paper_score["bleu"],
-                 signature=score["signature"], **settings.describe())
-  report["files"] = files
-  return report
+    writer.write("bleu", step, test_set=report["test_set"], averaged=len(steps), ensemble=members,
+                 ema=report["ema"], bleu=report["sacrebleu"]["bleu"], chrf=report["chrf"]["chrf"],
+                 tokenized_bleu=report["tokenized_bleu"]["bleu"],
+                 signature=report["sacrebleu"]["signature"], **settings.describe())
+  return files
 
 
 def main(argv: list[str]) -> None:

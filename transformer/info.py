@@ -71,7 +71,7 @@ def table_peak(device_kind: str) -> float | None:
 
 def param_counts(config: ModelConfig) -> dict[str, int]:
   """Parameter count of every module path ('encoder', 'encoder/layer_0', ...), from shapes alone."""
-  shapes = jax.eval_shape(lambda: initial_params(Transformer(config), jax.random.PRNGKey(0)))
+  shapes = jax.eval_shape(lambda: initial_params(Transformer(config), jax.random.key(0)))
   counts: dict[str, int] = collections.defaultdict(int)
   for path, leaf in jax.tree_util.tree_leaves_with_path(shapes):
     names = [p.key for p in path][:-1]  # drop the parameter's own name (kernel, bias, ...)
