@@ -117,4 +117,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  run_program("experiments.quality_per_minute", main)
+  run_program("experiments.quality_per_minute", main, takes_arguments=True)

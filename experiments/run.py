@@ -202,7 +202,7 @@ def run() -> None:
   flags.DEFINE_bool("print_commands", False, "Print one shell line per run (train, then evaluate) "
                     "for a scheduler, and exit.")
   flags.DEFINE_bool("collect_only", False, "Only tabulate and plot the runs found in the folder.")
-  run_program("experiments.run", main)
+  run_program("experiments.run", main, takes_arguments=True)
 
 
 if __name__ == "__main__":

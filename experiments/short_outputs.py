@@ -34,7 +34,7 @@ def objective(log_prob: float, tokens: int, alpha: float) -> float:
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1 or not FLAGS.workdir:
+  if not FLAGS.workdir:
     raise app.UsageError("pass --workdir=DIR (a training workdir)")
   run = load_run(FLAGS.workdir, FLAGS.step)
   cfg, vocab, model, params, steps = run.config, run.vocab, run.model, run.params(), run.steps

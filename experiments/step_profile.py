@@ -12,11 +12,19 @@ the optimizer and the rest. Op time is summed over XLA's threads, so it adds up 
 step's wall time; read the shares, and time the step itself for speed-ups. The timed steps' page
 faults and kernel time show what the host's memory allocation costs (transformer/host_memory.py;
 `TRANSFORMER_MALLOC_DEFAULTS=1` runs with malloc as glibc sets it).
+
+    python -m experiments.step_profile --versus=train.dropout_rng=unsafe_rbg [--rounds=8]
+
+times the step of the config and of the config with the overrides alternately, in one process (a
+change worth a few percent is below what separate processes on a shared VM can resolve).
 """
 
 from __future__ import annotations
 
+import ast
 import collections
+import copy
+import dataclasses
 import glob
 import gzip
 import json
@@ -24,14 +32,16 @@ import re
 import resource
 import tempfile
 import time
+from typing import Any
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from transformer import partitioning
 from transformer.cli import run_program
+from transformer.config import validate
 from transformer.model import ModelConfig, Transformer
 from transformer.step import dropout_key, jit_train_fns
 
@@ -40,6 +50,10 @@ flags.DEFINE_integer("rows", 128, "Sentences per batch.")
 flags.DEFINE_integer("seq_len", 16, "Tokens per sentence (source and target).")
 flags.DEFINE_integer("steps", 8, "Timed steps.")
 flags.DEFINE_integer("top", 15, "Also list this many single operations with the most time.")
+flags.DEFINE_list("versus", [], "KEY=VALUE config overrides: instead of profiling, time the config's "
+                  "step and the overridden config's step alternately in one process (--rounds of 3 "
+                  "steps each) and print both and their ratio.")
+flags.DEFINE_integer("rounds", 8, "With --versus: alternating rounds.")
 FLAGS = flags.FLAGS
 
 
@@ -60,31 +74,88 @@ def category(op: str) -> str:
   return "other (embeddings, residual adds, ReLU, transfers)"
 
 
+@dataclasses.dataclass
+class PreparedStep:
+  """The jit-compiled step training runs for a config, on a synthetic batch without padding."""
+  fns: Any
+  mesh: Any
+  batch: dict
+  rng: Any
+  state: Any
+  tokens_per_step: int
+
+  @classmethod
+  def build(cls, cfg) -> PreparedStep:
+    """Compiled and warmed up (3 steps)."""
+    vocab_size = cfg.data.vocab_size
+    model = Transformer(ModelConfig.from_config(cfg.model, vocab_size))
+    mesh = partitioning.make_mesh(cfg, vocab_size)
+    fns = jit_train_fns(cfg, model, mesh)
+    tokens = np.random.default_rng(0).integers(4, vocab_size, (FLAGS.rows, FLAGS.seq_len), np.int32)
+    batch = partitioning.shard_batch({"src": tokens, "tgt": tokens[::-1].copy()}, mesh)
+    prepared = cls(fns, mesh, batch, dropout_key(cfg), fns.init(jax.random.key(cfg.seed)),
+                   tokens.size)
+    for _ in range(3):
+      prepared.run()
+    return prepared
+
+  def run(self) -> None:
+    """One step, waited for."""
+    self.state, sums = self.fns.step(self.state, self.batch, self.rng)
+    jax.block_until_ready(sums)
+
+
+def overridden(cfg, overrides: list[str]):
+  """A copy of `cfg` with KEY=VALUE overrides (values read as Python literals, else as strings)."""
+  cfg = copy.deepcopy(cfg)
+  for item in overrides:
+    key, _, text = item.partition("=")
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      value = text
+    section, name = key.removeprefix("config.").split(".")
+    cfg[section][name] = value
+  return validate(cfg)
+
+
+def compare(cfg, overrides: list[str]) -> None:
+  """The step with and without `overrides`, alternating, in one process."""
+  steps = {"config": PreparedStep.build(cfg),
+           " ".join(overrides): PreparedStep.build(overridden(cfg, overrides))}
+  times: dict[str, list[float]] = {name: [] for name in steps}
+  for _ in range(FLAGS.rounds):
+    for name, step in steps.items():
+      for _ in range(3):
+        t = time.perf_counter()
+        step.run()
+        times[name].append(time.perf_counter() - t)
+  medians = {name: float(np.median(t)) for name, t in times.items()}
+  for name, t in times.items():
+    print(f"{name}: step {medians[name]:.3f} s median (p10-p90 {np.percentile(t, 10):.3f}-"
+          f"{np.percentile(t, 90):.3f}) over {len(t)} steps")
+  first, second = medians.values()
+  print(f"ratio (overridden / config): {second / first:.3f}")
+
+
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  cfg, vocab_size = FLAGS.config, FLAGS.config.data.vocab_size
-  model = Transformer(ModelConfig.from_config(cfg.model, vocab_size))
-  mesh = partitioning.make_mesh(cfg, vocab_size)
-  fns = jit_train_fns(cfg, model, mesh)
-  state = fns.init(jax.random.key(cfg.seed))
-  tokens = np.random.default_rng(0).integers(4, vocab_size, (FLAGS.rows, FLAGS.seq_len), np.int32)
-  batch = partitioning.shard_batch({"src": tokens, "tgt": tokens[::-1].copy()}, mesh)
-  rng = dropout_key(cfg)
-  for _ in range(3):
-    state, sums = fns.step(state, batch, rng)
-  jax.block_until_ready(sums)
+  cfg = FLAGS.config
+  if FLAGS.versus:
+    compare(cfg, FLAGS.versus)
+    return
+  prepared = PreparedStep.build(cfg)
   times = []
   usage = resource.getrusage(resource.RUSAGE_SELF)
   for _ in range(FLAGS.steps):
     t = time.perf_counter()
-    state, sums = fns.step(state, batch, rng)
-    jax.block_until_ready(sums)
+    prepared.run()
     times.append(time.perf_counter() - t)
   after = resource.getrusage(resource.RUSAGE_SELF)
+  fns, mesh, state, batch, rng = (prepared.fns, prepared.mesh, prepared.state, prepared.batch,
+                                  prepared.rng)
   step = float(np.median(times))
   print(f"step {step:.3f} s median (p10-p90 {np.percentile(times, 10):.3f}-"
-        f"{np.percentile(times, 90):.3f}), {tokens.size / step:.0f} target tokens/s; per step "
+        f"{np.percentile(times, 90):.3f}), {prepared.tokens_per_step / step:.0f} target tokens/s; per step "
         f"{(after.ru_minflt - usage.ru_minflt) / FLAGS.steps:,.0f} page faults, "
         f"{(after.ru_stime - usage.ru_stime) / FLAGS.steps:.3f} s in the kernel")
 

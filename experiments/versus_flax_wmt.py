@@ -114,8 +114,6 @@ def their_step(cfg, tokens: np.ndarray):
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if not FLAGS.flax_wmt_dir:
     raise app.UsageError("pass --flax_wmt_dir=PATH/flax/examples/wmt (a google/flax checkout)")
   cfg = FLAGS.config

@@ -236,8 +236,6 @@ def visualize(workdir: str, source: str, target: str | None = None, step: int | 
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.workdir is None or FLAGS.source is None:
     raise app.UsageError("pass --workdir=DIR (a training workdir) and --source=\"a sentence\"")
   maps, files, step = visualize(FLAGS.workdir, FLAGS.source, FLAGS.target, FLAGS.step,

@@ -54,8 +54,6 @@ def average_checkpoints(workdir: str, last: int, output: str, step: int | None =
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.workdir is None or FLAGS.output is None:
     raise app.UsageError("pass --workdir=DIR (a training workdir), --last=N and --output=NEW_DIR")
   steps = average_checkpoints(FLAGS.workdir, FLAGS.last, FLAGS.output, FLAGS.step)

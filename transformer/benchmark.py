@@ -314,8 +314,6 @@ def benchmark_input(cfg, batches: int) -> dict:
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.config is None:
     raise app.UsageError("pass --config=configs/wmt14_ende.py:base (or another config)")
   initialize_distributed()

@@ -140,9 +140,10 @@ def initialize_distributed() -> None:
   distributed.initialize(f.distributed, f.coordinator_address, f.num_processes, f.process_id)
 
 
-def run_program(program: str, main: Callable[[list[str]], None]) -> None:
+def run_program(program: str, main: Callable[[list[str]], None],
+                takes_arguments: bool = False) -> None:
   """absl's app.run with one-line errors (module docstring), and our log set-up once absl has
-  made its own.
+  made its own. Positional arguments are a usage error unless the program `takes_arguments`.
 
   First of all, before JAX starts its backend, malloc is set to reuse XLA's per-call CPU
   temporaries (host_memory.py).
@@ -153,6 +154,8 @@ def run_program(program: str, main: Callable[[list[str]], None]) -> None:
   def main_with_logging(argv: list[str]) -> None:
     setup_logging()
     try:
+      if len(argv) > 1 and not takes_arguments:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
       main(argv)
     except (UserError, app.UsageError) as e:
       fail(program, e)

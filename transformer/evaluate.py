@@ -133,8 +133,6 @@ def write_report(report: dict[str, Any], result: translator.Translations, source
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.workdir is None:
     raise app.UsageError("pass --workdir=DIR, the directory transformer-train wrote")
   progress.configure(FLAGS.progress)

@@ -124,8 +124,6 @@ def summary(cfg: ml_collections.ConfigDict, seq_len: int) -> str:
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.config is None:
     raise app.UsageError("pass --config=configs/multi30k.py (or another config)")
   print(summary(FLAGS.config, FLAGS.seq_len))

@@ -202,7 +202,7 @@ def run() -> None:
   from transformer.cli import run_program
   flags.DEFINE_string("output", "comparison.png", "The PNG file to write.")
   flags.DEFINE_string("title", "", "A title above the panels.")
-  run_program("transformer-plot", main)
+  run_program("transformer-plot", main, takes_arguments=True)
 
 
 if __name__ == "__main__":

@@ -372,8 +372,6 @@ def _stop_at_nonfinite(run: Run, mngr, state: TrainState, bad: faults.StepRecord
 # ---------------------------------------------------------------------------------- command line
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.config is None or FLAGS.workdir is None:
     raise app.UsageError("pass --config=configs/multi30k.py (or another config) and --workdir=DIR")
   try:

@@ -64,8 +64,6 @@ def write_output(lines: list[str], output_file: str | None) -> None:
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.workdir is None:
     raise app.UsageError("pass --workdir=DIR, the directory transformer-train wrote")
   progress.configure(FLAGS.progress)

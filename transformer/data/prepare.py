@@ -111,7 +111,7 @@ def run() -> None:
                       "~/tensorflow_datasets).")
   config_flags.DEFINE_config_file("config", None, "Also prepare this config's datasets and "
                                   "vocabulary, e.g. configs/wmt14_ende.py.")
-  run_program("transformer.data.prepare", main)
+  run_program("transformer.data.prepare", main, takes_arguments=True)
 
 
 if __name__ == "__main__":
