@@ -178,7 +178,7 @@ def test_a_full_disk_stops_the_run_and_keeps_the_previous_checkpoint(tmp_path):
   # The resumed run may not write files over 16 kB: its checkpoint at step 15 cannot be written,
   # as on a full disk (the kernel answers "File too large" instead of "No space left on device").
   log = tmp_path / "full.log"
-  assert finish(start_training(cfg, workdir, log, limit_file_size=16_000)) == 1
+  assert finish(start_training(cfg, workdir, log, limit_file_size=16_000)) == 2
   assert last_line(log).startswith(
       f"transformer-train: error: could not write a checkpoint to {workdir / 'checkpoints'}: File "
       "too large; the latest complete checkpoint is step 10. Free space")
