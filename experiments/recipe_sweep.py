@@ -12,7 +12,10 @@ from `transformer-benchmark --config=configs/multi30k.py [--config.KEY=VALUE] --
 other on the 2-core VM, 2026-11-23, with the speed-up's intermediate code: one malloc arena, the
 projection's gradient by autodiff; the ratio, not the seconds, is what the grid uses). The
 inverse-square-root schedule and the moving average do not depend on train.steps, so a shortened run
-is exactly the first part of a full one.
+is exactly the first part of a full one. Issue 18's third round made dropout's masks cheaper
+(`train.dropout_rng = unsafe_rbg_threefry`), so before the sweep goes on, re-measure the ratio in one
+process (`python -m experiments.step_profile --versus=model.dropout=0.0`) and restart the variants
+that use dropout (their masks changed); dropout0/seed1 does not depend on the key.
 
 Batches of 4,096 tokens are not in the grid: their step cost 2.39x the reference's (1.78 s vs 0.75 s
 on real batches, more padding in larger buckets), 18% fewer real tokens per second and half the
