@@ -63,12 +63,14 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
   """Translates an evaluation set with a checkpoint of `workdir` (or an ensemble with the
   `ensemble` workdirs), scores it, writes the report. With `ema`, a run that keeps a moving average
   of its parameters is scored with it (report['ema'] says which were used). `loaded`: the runs
-  already loaded by runs.load_runs (the same workdirs, step and averaging). `search`:
+  already loaded by runs.load_runs, which then stand for `workdir`, `step`, `average_last` and
+  `ensemble`. `search`:
   SearchSettings fields to override the config's decode settings (beam_size=1, nbest=4, ...; None =
   the config's)."""
   if (source_file is None) != (reference_file is None):
     raise ConfigError("pass both --source_file and --reference_file, or neither")
   loaded = loaded or runs.load_runs([workdir, *ensemble], step, average_last)
+  members = [str(run.workdir) for run in loaded]
   cfg, vocab, steps = loaded[0].config, loaded[0].vocab, loaded[0].steps
   ema = ema and loaded[0].ema_params is not None
   models = tuple(run.model for run in loaded)
@@ -86,7 +88,7 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
            "the parameters' moving average of " if ema else "",
            f"the checkpoint at step {step}" if len(steps) == 1 else
            f"the average of the checkpoints at steps {', '.join(map(str, steps))}",
-           f" and {len(ensemble)} more run(s) as an ensemble" if ensemble else "",
+           f" and {len(members) - 1} more run(s) as an ensemble" if len(members) > 1 else "",
            ", ".join(f"{k} {v}" for k, v in settings.describe().items()))
   t = time.time()
   result = translator.translate(models, params, vocab, text.source, settings,
@@ -98,8 +100,8 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
   score = bleu.sacrebleu_score(hypotheses, text.target)
   chrf = bleu.chrf_score(hypotheses, text.target)
   paper_score = bleu.tokenized_bleu(hypotheses, text.target, cfg.data.tgt_lang)
-  report = {"workdir": str(workdir), "checkpoint_step": step, "averaged_steps": steps,
-            "ensemble": [str(workdir), *map(str, ensemble)] if ensemble else None, "ema": ema,
+  report = {"workdir": members[0], "checkpoint_step": step, "averaged_steps": steps,
+            "ensemble": members if len(members) > 1 else None, "ema": ema,
             "test_set": name,
             "source": text.name, "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}",
             "sacrebleu": score, "chrf": chrf, "tokenized_bleu": paper_score,

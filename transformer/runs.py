@@ -45,10 +45,6 @@ class LoadedRun:
     """The moving average where `ema` and the run keeps one, else the raw parameters."""
     return self.ema_params if ema and self.ema_params is not None else self.raw_params
 
-  @property
-  def step(self) -> int:
-    return self.steps[-1]
-
 
 def load_run(workdir: str | Path, step: int | None = None, average_last: int = 1,
              with_state: bool = False) -> LoadedRun:
