@@ -4,18 +4,14 @@
         --first_seed=1 --root=runs/experiments/recipe_sweep
 
 Each variant changes one setting of configs/multi30k.py and trains for the CPU time of the reference's
-first REFERENCE_STEPS steps (a quarter of the 40-minute default run: what one session's CPU holds for
-a sweep; rankings this early can differ from those at the end). A variant whose step costs less gets
-more steps: STEP_COST is seconds per step on the config's own batches relative to the reference,
-from `transformer-benchmark --config=configs/multi30k.py [--config.KEY=VALUE] --seq_len=16 --steps=5
---decode_sentences=0 --checkpoint_saves=0 --real_batches=40` (real_step_sec_mean, one after the
-other on the 2-core VM, 2026-11-23, with the speed-up's intermediate code: one malloc arena, the
-projection's gradient by autodiff; the ratio, not the seconds, is what the grid uses). The
-inverse-square-root schedule and the moving average do not depend on train.steps, so a shortened run
-is exactly the first part of a full one. Issue 18's third round made dropout's masks cheaper
-(`train.dropout_rng = unsafe_rbg_threefry`), so before the sweep goes on, re-measure the ratio in one
-process (`python -m experiments.step_profile --versus=model.dropout=0.0`) and restart the variants
-that use dropout (their masks changed); dropout0/seed1 does not depend on the key.
+first REFERENCE_STEPS steps (about a quarter of the 40-minute default run: what one session's CPU holds
+for a sweep; rankings this early can differ from those at the end). A variant whose step costs less gets
+more steps: STEP_COST is the variant's step time relative to the reference's, measured in one process
+with the two steps alternating (`python -m experiments.step_profile --versus=KEY=VALUE --rounds=4`,
+2,048 padded tokens per side as in the default batches, 2-core VM, 2026-11-24; dropout 0's with
+--rounds=6 on 2026-11-23). The ratio, not the seconds, is what the grid uses. The inverse-square-root
+schedule and the moving average do not depend on train.steps, so a shortened run is exactly the first
+part of a full one.
 
 Batches of 4,096 tokens are not in the grid: their step cost 2.39x the reference's (1.78 s vs 0.75 s
 on real batches, more padding in larger buckets), 18% fewer real tokens per second and half the
@@ -25,7 +21,8 @@ updates, so they lose at equal time before training starts. Results: experiments
 from experiments.grids import Grid, Variant
 
 REFERENCE_STEPS = 1000
-STEP_COST = {"dropout0": 0.652 / 0.747}  # real_step_sec_mean, dropout 0.0 vs the reference
+STEP_COST = {  # step time relative to the reference's (step_profile --versus)
+    "dropout0": 0.886, "vocab4k": 0.881, "vocab16k": 1.198, "layers2": 0.730, "layers4": 1.251}
 
 
 def equal_time_steps(name: str) -> int:
@@ -37,5 +34,10 @@ def get_grid():
   return Grid("recipe_sweep", [
       Variant("reference", {"train.steps": REFERENCE_STEPS}),
       Variant("lr2", {"train.learning_rate": 2.0, "train.steps": REFERENCE_STEPS}),
+      Variant("warmup400", {"train.warmup_steps": 400, "train.steps": REFERENCE_STEPS}),
       Variant("dropout0", {"model.dropout": 0.0, "train.steps": equal_time_steps("dropout0")}),
+      Variant("vocab4k", {"data.vocab_size": 4000, "train.steps": equal_time_steps("vocab4k")}),
+      Variant("vocab16k", {"data.vocab_size": 16000, "train.steps": equal_time_steps("vocab16k")}),
+      Variant("layers2", {"model.num_layers": 2, "train.steps": equal_time_steps("layers2")}),
+      Variant("layers4", {"model.num_layers": 4, "train.steps": equal_time_steps("layers4")}),
   ])
