@@ -14,10 +14,10 @@ from transformer.model import (
   Transformer,
   attention_kernel,
   dot_product_attention,
-  output_logits,
   shift_right,
   sinusoidal_encoding,
 )
+from transformer.projection import output_logits
 
 
 def numpy_attention(q, k, v, mask):

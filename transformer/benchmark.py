@@ -144,17 +144,35 @@ def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int | None, seq_len:
   log.info("Timing %d training steps", steps)
   times = spread(timed(one_step, steps))
   sums = jax.device_get(holder["sums"])
+  params = holder["state"].params
+  result = step_figures(cfg, config, mesh, params, rows, seq_len, compile_sec, times,
+                        float(sums["loss"] / sums["tokens"]), peak_tflops, measure_peak)
+  if real_batches:
+    result.update(benchmark_real_batches(cfg, fns, holder, mesh, real_batches))
+  if decode_sentences:
+    result.update(benchmark_decode(cfg, model, holder["state"].params, seq_len, decode_sentences,
+                                   sorted({1, cfg.decode.beam_size})))
+  if checkpoint_saves:
+    result.update(benchmark_checkpoint(holder, one_step, checkpoint_saves, checkpoint_dir))
+  result["peak_memory_bytes"] = peak_memory_bytes()
+  return result
+
+
+def step_figures(cfg: ml_collections.ConfigDict, config: ModelConfig, mesh: jax.sharding.Mesh,
+                 params: Any, rows: int, seq_len: int, compile_sec: float, times: dict[str, float],
+                 loss: float, peak_tflops: float | None, measure_peak: bool) -> dict[str, Any]:
+  """What the synthetic steps' timings say: the setup, tokens/s, analytic TFLOP/s and MFU."""
   tokens_per_step = rows * seq_len
   flops_per_step = training_flops_per_target_token(config, seq_len, seq_len) * tokens_per_step
   device_kind = jax.devices()[0].device_kind
   peak, peak_source = device_peak(peak_tflops, measure_peak, config.dtype, device_kind)
   achieved = flops_per_step / times["median"] / 1e12
-  result = {
+  return {
       "backend": jax.default_backend(), "device": device_kind, "devices": mesh.size,
       "processes": jax.process_count(), "mesh": dict(mesh.shape), "dtype": cfg.model.dtype,
       "attention": cfg.model.attention, "remat": cfg.model.remat,
       "scan_layers": cfg.model.scan_layers, "grad_accum_steps": cfg.train.grad_accum_steps,
-      "parameters": sum(x.size for x in jax.tree.leaves(holder["state"].params)),
+      "parameters": sum(x.size for x in jax.tree.leaves(params)),
       "rows": rows, "seq_len": seq_len, "target_tokens_per_step": tokens_per_step,
       "compile_sec": round(compile_sec, 2),
       "step_sec_median": times["median"], "step_sec_min": times["min"],
@@ -165,17 +183,8 @@ def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int | None, seq_len:
       "peak_tflops_per_device": peak, "peak_source": peak_source if peak else None,
       "mfu": achieved / (peak * mesh.size) if peak else None,
       "floor_step_sec": flops_per_step / (peak * mesh.size * 1e12) if peak else None,
-      "loss": float(sums["loss"] / sums["tokens"]),
+      "loss": loss,
   }
-  if real_batches:
-    result.update(benchmark_real_batches(cfg, fns, holder, mesh, real_batches))
-  if decode_sentences:
-    result.update(benchmark_decode(cfg, model, holder["state"].params, seq_len, decode_sentences,
-                                   sorted({1, cfg.decode.beam_size})))
-  if checkpoint_saves:
-    result.update(benchmark_checkpoint(holder, one_step, checkpoint_saves, checkpoint_dir))
-  result["peak_memory_bytes"] = peak_memory_bytes()
-  return result
 
 
 def benchmark_real_batches(cfg: ml_collections.ConfigDict, fns, holder: dict[str, Any],

@@ -31,82 +31,107 @@ def base_config() -> ml_collections.ConfigDict:
   """The paper's base Transformer (Vaswani et al., 2017, Table 3 'base') and training recipe."""
   c = ml_collections.ConfigDict()
   c.seed = 0
-
-  c.model = ml_collections.ConfigDict()
-  c.model.num_layers = 6            # N, for the encoder and the decoder alike.
-  c.model.d_model = 512
-  c.model.d_ff = 2048
-  c.model.num_heads = 8
-  c.model.d_k = 0                   # per-head query/key width; 0 = d_model / num_heads (64 in base).
-  c.model.d_v = 0                   # per-head value width; 0 = d_model / num_heads.
-  c.model.dropout = 0.1             # residual and embedding dropout (P_drop).
-  c.model.attention_dropout = 0.0   # the paper uses none.
-  c.model.positional = "sinusoidal"  # or 'learned' (Table 3 row E).
-  c.model.norm = "post"             # 'post' = LayerNorm(x + Sublayer(x)) as in the paper; or 'pre'.
-  c.model.share_embeddings = True   # source, target and pre-softmax matrices are one.
-  c.model.max_len = 256             # table size of learned positions; longest sequence trained.
-  c.model.dtype = "float32"         # activation dtype; parameters, logits and loss stay float32.
-  c.model.attention = "auto"        # 'auto': cuDNN flash attention on GPUs, XLA elsewhere; or 'xla',
-                                    # 'cudnn', 'reference' (ours; always used for attention dropout).
-  c.model.remat = "none"            # 'full' / 'dots': recompute each layer in the backward pass.
-  c.model.scan_layers = False       # one nn.scan over the layers: compiles one layer, not N.
-
-  c.mesh = ml_collections.ConfigDict()  # devices per mesh axis; their product = all devices.
-  c.mesh.data = -1                  # data parallel (-1 = the devices the other axes leave).
-  c.mesh.fsdp = 1                   # also data parallel, with parameters and Adam state sharded.
-  c.mesh.tensor = 1                 # heads, d_ff and the vocabulary split over devices.
-
-  c.data = ml_collections.ConfigDict()
-  c.data.source = "multi30k"        # 'multi30k' (bundled) | 'files' | 'tfds'.
-  c.data.src_lang = "en"
-  c.data.tgt_lang = "de"
-  c.data.train_src = ""             # for source='files': parallel text, one sentence per line.
-  c.data.train_tgt = ""
-  c.data.eval_src = ""
-  c.data.eval_tgt = ""
-  c.data.tfds_name = ""             # for source='tfds', e.g. 'wmt14_translate/de-en'.
-  c.data.eval_tfds_name = ""        # evaluate on another TFDS dataset ('' = tfds_name).
-  c.data.tfds_data_dir = ""         # '' = $TFDS_DATA_DIR or ~/tensorflow_datasets.
-  c.data.train_split = "train"
-  c.data.eval_split = "validation"
-  c.data.vocab_size = 37000         # shared SentencePiece vocabulary.
-  c.data.vocab_model_type = "bpe"
-  c.data.vocab_sample_sentences = 1_000_000  # training pairs sampled uniformly to train it.
-  c.data.vocab_cache_dir = ""       # '' = $XDG_CACHE_HOME/transformer/vocab (~/.cache/...).
-  c.data.max_len = 256              # longer training pairs (in subword tokens) are dropped,
-  c.data.max_length_ratio = 9.0     # and pairs with one side 9x longer (Moses' clean-corpus; 0 = off).
-  c.data.batching = "bucket"        # 'bucket': pairs of similar length per batch (the paper's);
-                                    # 'pack': several pairs per row of pack_length tokens.
-  c.data.pack_length = 256
-  c.data.tokens_per_batch = 25000   # per side per step, padding included; the paper's ~25k.
-  c.data.shuffle_window = 200_000   # pairs tokenized and batched together (the epoch is shuffled).
-
-  c.train = ml_collections.ConfigDict()
-  c.train.steps = 100_000
-  c.train.warmup_steps = 4000
-  c.train.learning_rate = 1.0       # multiplier of d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
-  c.train.adam_b1 = 0.9
-  c.train.adam_b2 = 0.98
-  c.train.adam_eps = 1e-9
-  c.train.label_smoothing = 0.1
-  c.train.ema_decay = 0.0           # > 0: also keep a moving average of the parameters (evaluated
-                                    # by default); the paper averaged checkpoints instead.
-  c.train.grad_accum_steps = 1      # split each batch into this many micro-batches (same update).
-  c.train.dropout_rng = "threefry2x32"  # JAX's default; 'unsafe_rbg_threefry': dropout ~4x cheaper on CPU.
-  c.train.log_every = 100
-  c.train.eval_every = 1000
-  c.train.checkpoint_every = 1000
-  c.train.checkpoint_minutes = 0.0  # also save every this many minutes (checked at progress lines); 0 = off
-  c.train.keep_checkpoints = 5
-  c.train.on_nonfinite = "stop"     # a NaN/inf loss or gradient: 'stop' (save the last good state
-                                    # and the batch) or 'skip' (drop that update, count it, go on).
-
-  c.decode = ml_collections.ConfigDict()
-  c.decode.beam_size = 4
-  c.decode.alpha = 0.6              # GNMT length penalty ((5 + len) / 6) ** alpha.
-  c.decode.max_extra_len = 50       # output may be up to input length + this.
-  c.decode.tokens_per_batch = 1024  # source tokens per decoding batch (before the beam): the slots.
+  c.model = _model_keys()
+  c.mesh = _mesh_keys()
+  c.data = _data_keys()
+  c.train = _train_keys()
+  c.decode = _decode_keys()
   return c
+
+
+def _model_keys() -> ml_collections.ConfigDict:
+  """The architecture (model.ModelConfig reads every key)."""
+  model = ml_collections.ConfigDict()
+  model.num_layers = 6              # N, for the encoder and the decoder alike.
+  model.d_model = 512
+  model.d_ff = 2048
+  model.num_heads = 8
+  model.d_k = 0                     # per-head query/key width; 0 = d_model / num_heads (64 in base).
+  model.d_v = 0                     # per-head value width; 0 = d_model / num_heads.
+  model.dropout = 0.1               # residual and embedding dropout (P_drop).
+  model.attention_dropout = 0.0     # the paper uses none.
+  model.positional = "sinusoidal"  # or 'learned' (Table 3 row E).
+  model.norm = "post"               # 'post' = LayerNorm(x + Sublayer(x)) as in the paper; or 'pre'.
+  model.share_embeddings = True     # source, target and pre-softmax matrices are one.
+  model.max_len = 256               # table size of learned positions; longest sequence trained.
+  model.dtype = "float32"           # activation dtype; parameters, logits and loss stay float32.
+  model.attention = "auto"          # 'auto': cuDNN flash attention on GPUs, XLA elsewhere; or 'xla',
+                                    # 'cudnn', 'reference' (ours; always used for attention dropout).
+  model.remat = "none"              # 'full' / 'dots': recompute each layer in the backward pass.
+  model.scan_layers = False         # one nn.scan over the layers: compiles one layer, not N.
+  return model
+
+
+def _mesh_keys() -> ml_collections.ConfigDict:
+  """Devices per mesh axis; their product = all devices (partitioning.py)."""
+  mesh = ml_collections.ConfigDict()
+  mesh.data = -1                    # data parallel (-1 = the devices the other axes leave).
+  mesh.fsdp = 1                     # also data parallel, with parameters and Adam state sharded.
+  mesh.tensor = 1                   # heads, d_ff and the vocabulary split over devices.
+  return mesh
+
+
+def _data_keys() -> ml_collections.ConfigDict:
+  """Where pairs come from, the vocabulary, filtering and batching (transformer/data/)."""
+  data = ml_collections.ConfigDict()
+  data.source = "multi30k"          # 'multi30k' (bundled) | 'files' | 'tfds'.
+  data.src_lang = "en"
+  data.tgt_lang = "de"
+  data.train_src = ""               # for source='files': parallel text, one sentence per line.
+  data.train_tgt = ""
+  data.eval_src = ""
+  data.eval_tgt = ""
+  data.tfds_name = ""               # for source='tfds', e.g. 'wmt14_translate/de-en'.
+  data.eval_tfds_name = ""          # evaluate on another TFDS dataset ('' = tfds_name).
+  data.tfds_data_dir = ""           # '' = $TFDS_DATA_DIR or ~/tensorflow_datasets.
+  data.train_split = "train"
+  data.eval_split = "validation"
+  data.vocab_size = 37000           # shared SentencePiece vocabulary.
+  data.vocab_model_type = "bpe"
+  data.vocab_sample_sentences = 1_000_000  # training pairs sampled uniformly to train it.
+  data.vocab_cache_dir = ""         # '' = $XDG_CACHE_HOME/transformer/vocab (~/.cache/...).
+  data.max_len = 256                # longer training pairs (in subword tokens) are dropped,
+  data.max_length_ratio = 9.0       # and pairs with one side 9x longer (Moses' clean-corpus; 0 = off).
+  data.batching = "bucket"          # 'bucket': pairs of similar length per batch (the paper's);
+                                    # 'pack': several pairs per row of pack_length tokens.
+  data.pack_length = 256
+  data.tokens_per_batch = 25000     # per side per step, padding included; the paper's ~25k.
+  data.shuffle_window = 200_000     # pairs tokenized and batched together (the epoch is shuffled).
+  return data
+
+
+def _train_keys() -> ml_collections.ConfigDict:
+  """The optimizer, the loss and the loop's cadence (step.py, train.py)."""
+  train = ml_collections.ConfigDict()
+  train.steps = 100_000
+  train.warmup_steps = 4000
+  train.learning_rate = 1.0         # multiplier of d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
+  train.adam_b1 = 0.9
+  train.adam_b2 = 0.98
+  train.adam_eps = 1e-9
+  train.label_smoothing = 0.1
+  train.ema_decay = 0.0             # > 0: also keep a moving average of the parameters (evaluated
+                                    # by default); the paper averaged checkpoints instead.
+  train.grad_accum_steps = 1        # split each batch into this many micro-batches (same update).
+  train.dropout_rng = "threefry2x32"  # JAX's default; 'unsafe_rbg_threefry': dropout ~4x cheaper on CPU.
+  train.log_every = 100
+  train.eval_every = 1000
+  train.checkpoint_every = 1000
+  train.checkpoint_minutes = 0.0    # also save every this many minutes (checked at progress lines); 0 = off
+  train.keep_checkpoints = 5
+  train.on_nonfinite = "stop"       # a NaN/inf loss or gradient: 'stop' (save the last good state
+                                    # and the batch) or 'skip' (drop that update, count it, go on).
+  return train
+
+
+def _decode_keys() -> ml_collections.ConfigDict:
+  """The search of transformer-eval and transformer-translate (decode.py)."""
+  decode = ml_collections.ConfigDict()
+  decode.beam_size = 4
+  decode.alpha = 0.6                # GNMT length penalty ((5 + len) / 6) ** alpha.
+  decode.max_extra_len = 50         # output may be up to input length + this.
+  decode.tokens_per_batch = 1024    # source tokens per decoding batch (before the beam): the slots.
+  return decode
 
 
 PAPER_SIZES = {  # Table 3 of the paper; steps as trained there (100k base, 300k big).

@@ -7,13 +7,9 @@ H heads, K = d_k (queries and keys) and d_v (values) per head, D / H unless set,
 Faithful to the paper by default: post-LayerNorm residual blocks, sinusoidal positions, one matrix shared
 by the source embedding, the target embedding and the pre-softmax projection, embeddings scaled by
 sqrt(D), dropout on embeddings and on every sub-layer's output, ReLU feed-forward. Masks are applied
-with `where`; attention logits, softmax, output logits (and the loss, in train.py) are float32 whatever
-the activation dtype. For decoding, the decoder keeps an autoregressive key/value cache in the 'cache'
-collection: one call advances G hypotheses of every sentence by one position (the hypotheses stand
-where a training batch has its target positions); self-attention writes their keys and values at that
-position and attends through a mask the search gives (which hypothesis wrote each earlier position),
-so the search never moves the cache; encoder-decoder attention projects the encoder output once and
-serves all G hypotheses of a sentence from one copy.
+with `where`; attention logits, softmax and output logits are float32 whatever the activation dtype.
+For decoding, the decoder advances G hypotheses of every sentence by one position per call, reading
+and writing an autoregressive key/value cache (kv_cache.py) in the 'cache' collection.
 
 Every parameter carries logical axis names ('vocab', 'embed', 'heads', 'kv', 'mlp', ...) and activations
 are constrained to logical layouts ('batch', 'length', 'act_embed', ...); partitioning.py maps both to
@@ -35,6 +31,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from transformer import kv_cache, partitioning
+from transformer.projection import output_logits
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 
@@ -394,32 +391,6 @@ class Decoder(nn.Module):
                           _init(nn.initializers.normal(cfg.d_model ** -0.5), "vocab", "embed"),
                           (cfg.vocab_size, cfg.d_model))
     return constrain(output_logits(x, jnp.asarray(matrix, cfg.dtype)), "batch", "length", "act_vocab")
-
-
-@jax.custom_vjp
-def output_logits(x: jax.Array, matrix: jax.Array) -> jax.Array:
-  """[B, T, D] x [V, D] -> float32 [B, T, V]: the projection onto the vocabulary.
-
-  Its backward pass is written out so that the [tokens x vocabulary] gradient is read where it
-  lies: autodiff's matrix gradient made XLA's CPU backend copy that gradient transposed (65 MB for
-  the default batch) before multiplying; here the vocabulary stays the minor dimension of both
-  products. Same math (the matrix gradient's sums may round differently in the last bit).
-  """
-  return jnp.einsum("btd,vd->btv", x, matrix, preferred_element_type=jnp.float32)
-
-
-def _output_logits_fwd(x, matrix):
-  return output_logits(x, matrix), (x, matrix)
-
-
-def _output_logits_bwd(residuals, d_logits):
-  x, matrix = residuals
-  d_x = jnp.einsum("btv,vd->btd", d_logits, matrix, preferred_element_type=jnp.float32)
-  d_matrix = jnp.einsum("btd,btv->dv", x, d_logits, preferred_element_type=jnp.float32).T
-  return d_x.astype(x.dtype), d_matrix.astype(matrix.dtype)
-
-
-output_logits.defvjp(_output_logits_fwd, _output_logits_bwd)
 
 
 # -------------------------------------------------------------------------------------------- model

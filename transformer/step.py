@@ -171,6 +171,26 @@ def dropout_key(cfg: ml_collections.ConfigDict) -> jax.Array:
                         impl=UNSAFE_RBG_THREEFRY if impl == "unsafe_rbg_threefry" else impl)
 
 
+def summed_gradients(grad_fn: Callable, params: Any, batch: dict[str, jax.Array], rng: jax.Array,
+                     accum_steps: int) -> tuple[Any, dict[str, jax.Array]]:
+  """`grad_fn(params, batch, rng)` -> (gradient, sums) of the summed loss, in `accum_steps` micro-batches
+  (rows k, k + A, k + 2A, ... make micro-batch k; its dropout key is `rng` folded with k)."""
+  if accum_steps == 1:
+    return grad_fn(params, batch, rng)
+  micro_batches = jax.tree.map(
+      lambda x: x.reshape(x.shape[0] // accum_steps, accum_steps, *x.shape[1:]).swapaxes(0, 1), batch)
+
+  def accumulate(totals, micro_and_index):
+    micro, k = micro_and_index
+    grads, sums = grad_fn(params, micro, jax.random.fold_in(rng, k))
+    return jax.tree.map(jnp.add, totals, (grads, sums)), None
+
+  first = jax.tree.map(lambda x: x[0], micro_batches)
+  zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, params, first, rng))
+  totals, _ = jax.lax.scan(accumulate, zeros, (micro_batches, jnp.arange(accum_steps)))
+  return totals
+
+
 def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_rng: jax.Array,
                healthy: jax.Array | bool = True, *, smoothing: float, accum_steps: int = 1,
                skip_nonfinite: bool = False, ema_decay: float = 0.0
@@ -199,23 +219,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_rng: jax.
     sums = loss_sums(logits, micro["tgt"], smoothing)
     return sums["loss"], sums
 
-  grad_fn = jax.grad(loss_fn, has_aux=True)
-  if accum_steps == 1:
-    grads, sums = grad_fn(state.params, batch, rng)
-  else:
-    micro_batches = jax.tree.map(
-        lambda x: x.reshape(x.shape[0] // accum_steps, accum_steps, *x.shape[1:]).swapaxes(0, 1),
-        batch)
-
-    def accumulate(totals, micro_and_index):
-      micro, k = micro_and_index
-      grads, sums = grad_fn(state.params, micro, jax.random.fold_in(rng, k))
-      return jax.tree.map(jnp.add, totals, (grads, sums)), None
-
-    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, state.params,
-                                                        jax.tree.map(lambda x: x[0], micro_batches),
-                                                        rng))
-    (grads, sums), _ = jax.lax.scan(accumulate, zeros, (micro_batches, jnp.arange(accum_steps)))
+  grads, sums = summed_gradients(jax.grad(loss_fn, has_aux=True), state.params, batch, rng,
+                                 accum_steps)
   grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
   sums["grad_norm"] = optax.tree.norm(grads)
   finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(sums["grad_norm"])

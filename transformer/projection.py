@@ -1,0 +1,31 @@
+"""The projection onto the vocabulary, with its backward pass written out.
+
+The decoder's last matrix product ([tokens x D] times the [V x D] embedding) is the largest in the
+model at a small d_model; on XLA's CPU backend, autodiff's gradient for the matrix made it copy the
+[tokens x V] gradient transposed (65 MB for the default batch) before multiplying. The backward pass
+here keeps the vocabulary the minor dimension of both products. Same math: tests/test_model.py
+checks it against autodiff (the matrix gradient's sums may round differently in the last bit).
+"""
+
+import jax
+import jax.numpy as jnp
+
+
+@jax.custom_vjp
+def output_logits(x: jax.Array, matrix: jax.Array) -> jax.Array:
+  """[B, T, D] x [V, D] -> float32 [B, T, V]: logits over the vocabulary."""
+  return jnp.einsum("btd,vd->btv", x, matrix, preferred_element_type=jnp.float32)
+
+
+def _output_logits_fwd(x, matrix):
+  return output_logits(x, matrix), (x, matrix)
+
+
+def _output_logits_bwd(residuals, d_logits):
+  x, matrix = residuals
+  d_x = jnp.einsum("btv,vd->btd", d_logits, matrix, preferred_element_type=jnp.float32)
+  d_matrix = jnp.einsum("btd,btv->dv", x, d_logits, preferred_element_type=jnp.float32).T
+  return d_x.astype(x.dtype), d_matrix.astype(matrix.dtype)
+
+
+output_logits.defvjp(_output_logits_fwd, _output_logits_bwd)
