@@ -1,9 +1,28 @@
-"""Shared fixtures (helpers: tests/helpers.py)."""
+"""Shared fixtures (helpers: tests/helpers.py), and one compilation cache for the whole session.
+
+Most of the suite's time is XLA compiling the same tiny models again: in every test that trains, and
+in every program a test runs as its own process. JAX's persistent compilation cache, in a fresh
+directory per session (set here, before anything imports JAX, and inherited by those processes),
+compiles each distinct computation once per session and loads the same executable after that.
+"""
+
+import os
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
+
+XLA_CACHE = tempfile.mkdtemp(prefix="transformer-tests-xla-cache-")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = XLA_CACHE
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 
 @pytest.fixture
 def rng():
   return np.random.default_rng(0)
+
+
+def pytest_unconfigure(config):
+  shutil.rmtree(XLA_CACHE, ignore_errors=True)

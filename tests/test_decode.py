@@ -25,12 +25,21 @@ def setup():
   return model, params, jnp.asarray(src)
 
 
-def next_log_probs(model, params, src_row, prefixes):
-  """log p(next token | source, prefix) for each prefix: a full forward pass, no cache."""
-  tgt_in = np.array([[BOS_ID] + list(p) for p in prefixes], np.int32)
-  src = np.repeat(np.asarray(src_row)[None], len(prefixes), axis=0)
-  logits = model.apply({"params": params}, src, tgt_in)
-  return np.asarray(jax.nn.log_softmax(logits[:, -1].astype(jnp.float32)), np.float64)
+@functools.partial(jax.jit, static_argnums=0)
+def _logits(model, params, src, tgt_in):
+  return model.apply({"params": params}, src, tgt_in)
+
+
+def next_log_probs(model, params, src_row, prefixes, rows=8, width=16):
+  """log p(next token | source, prefix) for each prefix: a full forward pass, no cache. Prefixes
+  are padded into one [rows, width] shape (one compilation); causal attention keeps the positions
+  after a prefix out of its prediction."""
+  tgt_in = np.full((rows, width), PAD_ID, np.int32)
+  for i, prefix in enumerate(prefixes):
+    tgt_in[i, :len(prefix) + 1] = [BOS_ID, *prefix]
+  src = np.repeat(np.asarray(src_row)[None], rows, axis=0)
+  logits = _logits(model, params, src, tgt_in)[np.arange(len(prefixes)), [len(p) for p in prefixes]]
+  return np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32)), np.float64)
 
 
 def reference_beam_search(model, params, src_row, limit, beam, alpha, min_length=0):
@@ -119,11 +128,12 @@ def test_wide_beam_finds_the_exhaustive_optimum(setup):
   max_len, alpha = 3, 0.6
   best, best_score = None, -np.inf
   for n in range(1, max_len + 1):  # every sequence of n tokens whose last (only) EOS ends it
-    for prefix in itertools.product(range(3, VOCAB), repeat=n - 1):  # not PAD, EOS or BOS
-      tokens = np.array([list(prefix) + [EOS_ID]], np.int32)
-      score = float(teacher_forced_score(model, params, src, tokens, alpha)[0])
-      if score > best_score:
-        best, best_score = tokens[0], score
+    tokens = np.array([list(prefix) + [EOS_ID]  # not PAD, EOS or BOS before it
+                       for prefix in itertools.product(range(3, VOCAB), repeat=n - 1)], np.int32)
+    scores = teacher_forced_score(model, params, jnp.repeat(src, len(tokens), axis=0), tokens, alpha)
+    i = int(np.argmax(scores))
+    if scores[i] > best_score:
+      best, best_score = tokens[i], float(scores[i])
   tokens, score = decode.beam_search(model, params, src, jnp.array([max_len]), max_len,
                                      beam_size=(VOCAB - 3) ** (max_len - 1), alpha=alpha)
   np.testing.assert_array_equal(np.asarray(tokens[0][:len(best)]), best)

@@ -90,6 +90,7 @@ def run_together(commands: list[list[str]], env: dict[str, str],
   return results
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_path):
   port = free_port()
   script = [sys.executable, "-c", TRAIN_TOGETHER, str(tmp_path), str(port)]
@@ -148,6 +149,7 @@ def test_the_environment_names_a_job_of_several_processes(monkeypatch):
   assert distributed.environment_has_job()
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_process_stops_the_job_at_one_step_with_a_checkpoint(tmp_path):
   """JAX's preemption service tells every process; they agree on the step and save it together."""
   workdir, port = tmp_path / "run", free_port()

@@ -189,6 +189,7 @@ def test_a_small_model_learns_to_translate_its_training_sentences(tmp_path):
   assert report["sacrebleu"]["bleu"] > 80.0
 
 
+@pytest.mark.slow
 def test_the_same_commands_run_on_eight_devices(tmp_path):
   cfg = tiny_run_config(tmp_path)
   workdir = tmp_path / "run8"

@@ -16,7 +16,7 @@ from transformer.data import sources
 from transformer.data import vocab as vocab_lib
 from transformer.evaluate import evaluate
 from transformer.metrics import read_metrics
-from transformer.model import EOS_ID, Transformer
+from transformer.model import EOS_ID, PAD_ID, Transformer
 from transformer.runs import load_run
 from transformer.train import train_and_evaluate
 from transformer.translator import SearchSettings, translate
@@ -97,13 +97,16 @@ def test_nbest_lists_are_the_searchs_and_start_with_the_translation(trained):
                      SearchSettings(beam_size=3, max_extra_len=5, tokens_per_batch=1000),
                      max_source_len=cfg.data.max_len)
   assert result.hypotheses == single.hypotheses
-  for sentence, nbest, best in zip(sentences, result.nbest, result.hypotheses):
+  # The reference: each sentence searched alone, padded to one shape (one compilation; padding is
+  # masked out) and stopped at its own length limit.
+  ids = [vocab.encode(sentence)[:cfg.data.max_len - 1] + [EOS_ID] for sentence in sentences]
+  width = max(map(len, ids))
+  for ids_one, nbest, best in zip(ids, result.nbest, result.hypotheses):
     assert len(nbest) == 3 and nbest[0]["text"] == best
     assert [h["score"] for h in nbest] == sorted((h["score"] for h in nbest), reverse=True)
-    ids = [vocab.encode(sentence)[:cfg.data.max_len - 1] + [EOS_ID]]
-    tokens, scores = decode.beam_search_nbest(model, params, jnp.asarray(ids),
-                                              jnp.array([len(ids[0]) + 5]), len(ids[0]) + 5,
-                                              beam_size=3, alpha=0.6, nbest=3)
+    padded = jnp.asarray([ids_one + [PAD_ID] * (width - len(ids_one))])
+    tokens, scores = decode.beam_search_nbest(model, params, padded, jnp.array([len(ids_one) + 5]),
+                                              width + 5, beam_size=3, alpha=0.6, nbest=3)
     for h, row, score in zip(nbest, np.asarray(tokens[0]), np.asarray(scores[0])):
       n = int((row != 0).sum())
       assert h["text"] == vocab.decode(row[:n - 1].tolist()) and h["tokens"] == n
