@@ -2,7 +2,10 @@
 
 Everything is read back from what the programs wrote in each workdir: config.json, the last
 checkpoint's step, metrics.jsonl ('eval' records for dev perplexity and the loss curve, 'train'
-records for training time, 'summary' for parameters) and transformer-eval's JSON reports for BLEU.
+records for training time, 'summary' for parameters) and transformer-eval's JSON reports and
+translations: BLEU of the last checkpoint's parameters and, for runs that keep one, of their moving
+average; and beside every variant a paired bootstrap test against the first variant, seed by seed
+(experiments/significance.py).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from experiments import significance
 from experiments.grids import Grid
 from transformer import checkpoints, plot
 from transformer.info import analytic_param_count
@@ -77,13 +81,46 @@ def collect(runs: Sequence[Any]) -> list[dict[str, Any]]:
     row["dev_ppl"] = final["perplexity"] if final else None
     eval_sec = 0.0
     for name, (path, _) in run.evals.items():
-      report = _report(path)
+      report, averaged = _report(path), _report(ema_path(path))
       row[f"{name}_bleu"] = report["sacrebleu"]["bleu"] if report else None
+      row[f"{name}_ema_bleu"] = averaged["sacrebleu"]["bleu"] if averaged else None
       row[f"{name}_tokenized_bleu"] = report["tokenized_bleu"]["bleu"] if report else None
-      eval_sec += report["total_sec"] if report else 0.0
+      eval_sec += sum(r["total_sec"] for r in (report, averaged) if r)
     row["eval_sec"] = round(eval_sec, 1)
     rows.append(row)
   return rows
+
+
+def ema_path(report: Path) -> Path:
+  """The report of the same evaluation scored with the parameters' moving average."""
+  return report.with_name(f"{report.stem}_ema.json")
+
+
+def translations(report: Path) -> list[str] | None:
+  """The hypotheses transformer-eval wrote beside a report, one per line (None if missing)."""
+  path = report.with_suffix(".hyp.txt")
+  return path.read_text().split("\n")[:-1] if path.is_file() else None
+
+
+def add_significance(rows: list[dict[str, Any]], runs: Sequence[Any],
+                     references: dict[str, Sequence[str]]) -> None:
+  """row['<set>_p']: the paired bootstrap p-value of each run against the first variant's run of
+  the same seed on that test set (the moving average's translations where both runs have them),
+  for the sets in `references`; None for the first variant and where translations are missing."""
+  by_key = {(run.variant.name, run.seed): run for run in runs}
+  first = runs[0].variant.name if runs else None
+  for row, run in zip(rows, runs):
+    baseline = by_key.get((first, run.seed))
+    for name, refs in references.items():
+      row[f"{name}_p"] = None
+      if baseline is None or baseline is run or name not in run.evals:
+        continue
+      mine, theirs = run.evals[name][0], baseline.evals[name][0]
+      if ema_path(mine).is_file() and ema_path(theirs).is_file():
+        mine, theirs = ema_path(mine), ema_path(theirs)
+      hyps, base_hyps = translations(mine), translations(theirs)
+      if hyps is not None and base_hyps is not None:
+        row[f"{name}_p"] = significance.paired_bootstrap(base_hyps, hyps, refs)
 
 
 def mean_std(values: Sequence[float | None]) -> tuple[float, float, int] | None:
@@ -103,17 +140,30 @@ def format_mean_std(values: Sequence[float | None], digits: int = 2) -> str:
   return f"{mean:.{digits}f}" if n == 1 else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def metric_columns(test_set_names: Sequence[str]) -> dict[str, str]:
-  """Result columns of the table: header -> row key."""
-  columns = {"PPL (dev)": "dev_ppl", "BLEU (dev)": "dev_bleu"}
-  columns.update({f"BLEU ({name})": f"{name}_bleu" for name in test_set_names})
+def metric_columns(test_set_names: Sequence[str], rows: Sequence[dict[str, Any]] = ()
+                   ) -> dict[str, str]:
+  """Result columns of the table: header -> row key. The moving average's BLEU where some run has
+  it, for the dev set and each test set."""
+  columns = {"PPL (dev)": "dev_ppl"}
+  for name in ["dev", *test_set_names]:
+    columns[f"BLEU ({name})"] = f"{name}_bleu"
+    if any(r.get(f"{name}_ema_bleu") is not None for r in rows):
+      columns[f"BLEU ({name}, EMA)"] = f"{name}_ema_bleu"
   return columns
+
+
+def format_p_values(values: Sequence[float | None]) -> str:
+  """Each seed's p-value, in seed order ('–' where there is none)."""
+  shown = [f"{p:.3f}" for p in values if p is not None]
+  return " / ".join(shown) if shown else "–"
 
 
 def markdown_table(rows: list[dict[str, Any]], grid: Grid) -> str:
   """Rows = variants, Table 3's columns; hyper-parameters equal to the first variant's left blank."""
-  metrics = metric_columns(grid.test_sets)
-  headers = ["", "variant", *HYPER_COLUMNS, *metrics, "params ×10⁶", "seeds"]
+  metrics = metric_columns(grid.test_sets, rows)
+  tested = [name for name in ["dev", *grid.test_sets] if any(f"{name}_p" in r for r in rows)]
+  p_headers = [f"p vs {grid.variants[0].name} ({name})" for name in tested]
+  headers = ["", "variant", *HYPER_COLUMNS, *metrics, *p_headers, "params ×10⁶", "seeds"]
   lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
   reference = None
   previous_row_label = None
@@ -128,6 +178,7 @@ def markdown_table(rows: list[dict[str, Any]], grid: Grid) -> str:
     finished = [r for r in mine if r["finished"]]
     cells = [label, variant.name, *map(str, shown)]
     cells += [format_mean_std([r[key] for r in finished]) for key in metrics.values()]
+    cells += [format_p_values([r.get(f"{name}_p") for r in finished]) for name in tested]
     cells += [f"{first['params'] / 1e6:.3g}", f"{len(finished)}/{len(mine)}"]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
@@ -151,7 +202,12 @@ def write(rows: list[dict[str, Any]], grid: Grid, root: Path) -> list[Path]:
         f"{len(finished)} of {len(rows)} runs finished. Mean ± sample standard deviation over seeds; "
         "PPL is the dev perplexity per target subword token at the last step (teacher-forced); BLEU "
         "is sacreBLEU from transformer-eval (beam search, the config's decode settings) on the last "
-        "checkpoint. Blank hyper-parameters equal the first row's.",
+        "checkpoint (EMA: the same checkpoint's moving average of the parameters). 'p vs' is the "
+        "paired bootstrap p-value (sacreBLEU, 1,000 resamples of the sentences) of each seed's run "
+        "against the same seed of the first row, on the moving average's translations where both "
+        "have them: below 0.05, that seed's difference is unlikely to be luck of the test sentences "
+        "(the seed-to-seed spread is the ± beside the means). Blank hyper-parameters equal the "
+        "first row's.",
         f"Compute: training {format_duration(train_sec)}, evaluation {format_duration(eval_sec)} "
         "(sum over runs).", ""]
   (root / "results.md").write_text("\n".join(md))

@@ -35,6 +35,7 @@ from experiments.grids import Grid, Variant, load_grid
 from transformer import evaluate
 from transformer.cli import run_program
 from transformer.config import ConfigError, validate
+from transformer.data import sources
 from transformer.metrics import format_duration
 
 FLAGS = flags.FLAGS
@@ -186,6 +187,9 @@ def main(argv: list[str]) -> None:
            len(seeds), len(runs), root)
   failures = [] if FLAGS.collect_only else run_all(runs)
   table = results.collect(runs)
+  references = {"dev": sources.load_split(base.data, base.data.eval_split).target}
+  references.update({name: sources.read_lines(f["reference_file"]) for name, f in files.items()})
+  results.add_significance(table, runs, references)
   written = results.write(table, grid, root)
   log.info("Wrote %s", ", ".join(str(p) for p in written))
   print((root / "results.md").read_text())

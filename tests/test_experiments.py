@@ -11,9 +11,10 @@ from pathlib import Path
 import matplotlib.image
 import numpy as np
 import pytest
+import sacrebleu
 from helpers import REPO, tiny_run_config
 
-from experiments import results, test_sets
+from experiments import results, significance, test_sets
 from experiments.grids import Grid, Variant, load_grid
 from experiments.run import base_arguments, plan, variant_config
 from transformer.config import ConfigError, base_config
@@ -162,7 +163,8 @@ def fake_rows():
       model = ModelConfig.from_config(cfg.model, 37000)
       row = {"variant": variant, "row": "", "seed": seed, "finished": True,
              "params": 63e6, "dev_ppl": ppl[seed], "dev_bleu": bleu[seed], "train_sec": 10.0,
-             "eval_sec": 1.0}
+             "eval_sec": 1.0, "dev_ema_bleu": bleu[seed] + 1.0,
+             "dev_p": None if variant == "base" else [0.001, 0.2, 0.04][seed]}
       row.update({name: read(cfg, model) for name, read in results.HYPER_COLUMNS.items()})
       rows.append(row)
   return rows
@@ -181,6 +183,9 @@ def test_table_reports_mean_and_sample_std_and_blanks_unchanged_settings():
   ppl_mean, ppl_std = np.mean([5.0, 5.2, 5.4]), np.std([5.0, 5.2, 5.4], ddof=1)
   assert base[header.index("PPL (dev)")] == f"{ppl_mean:.2f} ± {ppl_std:.2f}"
   assert learned[header.index("BLEU (dev)")] == "30.00 ± 1.00"
+  assert learned[header.index("BLEU (dev, EMA)")] == "31.00 ± 1.00"
+  assert learned[header.index("p vs base (dev)")] == "0.001 / 0.200 / 0.040"
+  assert base[header.index("p vs base (dev)")] == "–"
   assert base[header.index("seeds")] == "3/3"
 
 
@@ -256,8 +261,17 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
     assert float(row["long_bleu"]) == pytest.approx(report["sacrebleu"]["bleu"])
     assert report["sacrebleu"]["lines"] == long_info["sentences"]
     assert float(row["dev_ppl"]) > 1
+  # The paired bootstrap of learned against sinusoidal on each set, from their translations.
+  runs = {r["variant"]: Path(r["workdir"]) for r in rows}
+  for name, refs, stem in (("dev", (tmp_path / "val.de").read_text().splitlines(), "validation"),
+                           ("long", sources.read_lines(long_info["reference_file"]), "long")):
+    hyps = [(runs[v] / "eval" / f"{stem}_step6.hyp.txt").read_text().split("\n")[:-1]
+            for v in ("sinusoidal", "learned")]
+    assert float(rows[1][f"{name}_p"]) == pytest.approx(significance.paired_bootstrap(*hyps, refs))
+    assert rows[0][f"{name}_p"] == ""
   table = (root / "results.md").read_text()
   assert "| BLEU (long) |" in table and "| learned |" in table and "2 of 2 runs finished" in table
+  assert "| p vs sinusoidal (dev) | p vs sinusoidal (long) |" in table
   for name in ("curves.png", "bleu.png"):
     assert matplotlib.image.imread(root / name).ndim == 3
 
@@ -267,3 +281,24 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   assert again.returncode == 0, again.stderr
   assert again.stderr.count("skipping training") == 2
   assert [p.stat().st_mtime_ns for p in reports] == stamps  # nothing evaluated twice
+
+
+def test_paired_bootstrap_is_koehns_test_on_sacrebleu(rng):
+  """The p-value against a hand-written paired bootstrap: the same resamples (sacreBLEU's seed),
+  BLEU of each resample from scratch, the centred two-sided count with its +1."""
+  words = "a man in a red shirt rides a brown horse on the beach near the sea".split()
+  refs = [" ".join(rng.choice(words, 8)) for _ in range(30)]
+  good = [r if rng.random() < 0.6 else " ".join(r.split()[:4]) for r in refs]
+  poor = [r if rng.random() < 0.45 else " ".join(r.split()[:4]) for r in refs]
+  p = significance.paired_bootstrap(poor, good, refs, resamples=200)
+
+  index = np.random.default_rng(12345).choice(len(refs), size=(200, len(refs)), replace=True)
+  bleu = lambda hyps, rows: sacrebleu.corpus_bleu([hyps[i] for i in rows], [[refs[i] for i in rows]]).score
+  diffs = np.array([abs(bleu(good, rows) - bleu(poor, rows)) for rows in index])
+  observed = abs(sacrebleu.corpus_bleu(good, [refs]).score - sacrebleu.corpus_bleu(poor, [refs]).score)
+  expected = (np.sum(diffs - diffs.mean() > observed) + 1) / (len(diffs) + 1)
+  assert p == pytest.approx(expected, abs=1e-9)
+  assert significance.paired_bootstrap(refs, poor, refs) < 0.01  # perfect against poor: real
+  assert significance.paired_bootstrap(poor, list(poor), refs) == 1.0
+  with pytest.raises(ValueError, match="one translation per reference: 30 and 29 translations"):
+    significance.paired_bootstrap(poor, good[:29], refs)
