@@ -218,10 +218,13 @@ def write(rows: list[dict[str, Any]], grid: Grid, root: Path) -> list[Path]:
     plot.compare_runs({name: dirs for name, dirs in workdirs.items() if dirs}, root / "curves.png",
                       title=f"{grid.name}: training curves (thin: seeds, thick: their mean)")
   bleu = {}
+  bars = {label: key for label, key in metric_columns(grid.test_sets, rows).items()
+          if label.startswith("BLEU")}  # 'BLEU (dev)', 'BLEU (dev, EMA)', ... -> row key
   for variant in grid.variants:
-    bleu[variant.name] = {name: [r[f"{name}_bleu"] for r in finished if r["variant"] == variant.name
-                                 and r[f"{name}_bleu"] is not None]
-                          for name in ["dev", *grid.test_sets]}
+    bleu[variant.name] = {label[len("BLEU ("):-1]: [r[key] for r in finished
+                                                   if r["variant"] == variant.name
+                                                   and r[key] is not None]
+                          for label, key in bars.items()}
   plot.bars_with_error(bleu, root / "bleu.png", ylabel="sacreBLEU",
                        title=f"{grid.name}: BLEU (mean ± std over seeds)")
   return [p for p in (csv_path, root / "results.md", root / "curves.png", root / "bleu.png")

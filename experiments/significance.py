@@ -11,6 +11,7 @@ seed of a variant with the same seed of the baseline and print every seed's p.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from sacrebleu.metrics import BLEU
@@ -29,5 +30,11 @@ def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], references:
     return 1.0  # nothing differs (sacreBLEU would report its smallest p for a zero difference)
   test = PairedTest([("baseline", list(baseline)), ("system", list(system))], {"BLEU": BLEU()},
                     [list(references)], test_type="bs", n_samples=resamples)
-  _, scores = test()
+  sacrebleu_log = logging.getLogger("sacrebleu")
+  level = sacrebleu_log.level
+  sacrebleu_log.setLevel(logging.WARNING)  # it logs every stage of the test at INFO
+  try:
+    _, scores = test()
+  finally:
+    sacrebleu_log.setLevel(level)
   return float(scores["BLEU"][1].p_value)
