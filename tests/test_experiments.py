@@ -71,6 +71,23 @@ def test_the_example_grid_is_valid_on_the_default_config():
     variant_config(load_config(REPO / "configs/multi30k.py"), variant, 0)
 
 
+def test_the_scaled_table3_changes_the_default_in_every_variant_at_equal_steps():
+  from transformer.model import ModelConfig
+  default = load_config(REPO / "configs/multi30k.py")
+  grid = load_grid(str(REPO / "experiments/table3_multi30k.py"))
+  configs = {v.name: variant_config(default, v, 0) for v in grid.variants}
+  assert {c.train.steps for c in configs.values()} == {1200}
+  settings = lambda c: json.dumps({**c.to_dict(), "train": {**c.train.to_dict(), "steps": 0}},
+                                  sort_keys=True)
+  assert len({settings(c) for c in configs.values()}) == len(configs)  # no variant is the base again
+  shape = lambda name: ModelConfig.from_config(configs[name].model, 8000)
+  assert [(shape(f"A-h{h}").num_heads, shape(f"A-h{h}").key_dim) for h in (1, 2, 8, 16)] == [
+      (1, 256), (2, 128), (8, 32), (16, 16)]  # (A): d_k = d_v = d_model / h, compute constant
+  assert (shape("B-dk16").key_dim, shape("B-dk16").value_dim) == (16, 64)
+  assert (shape("C-d512").d_model, shape("C-d512").key_dim) == (512, 128)
+  assert [v.row for v in grid.variants].count("(C)") == 7
+
+
 def test_a_grid_file_is_loaded_and_checked(tmp_path):
   good = tmp_path / "warmup.py"
   good.write_text("from experiments.grids import Grid, Variant\n"
