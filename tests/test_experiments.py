@@ -319,3 +319,13 @@ def test_paired_bootstrap_is_koehns_test_on_sacrebleu(rng):
   assert significance.paired_bootstrap(poor, list(poor), refs) == 1.0
   with pytest.raises(ValueError, match="one translation per reference: 30 and 29 translations"):
     significance.paired_bootstrap(poor, good[:29], refs)
+
+
+def test_the_curve_reads_the_last_checkpoint_before_each_time_on_a_scaled_clock():
+  from experiments.quality_per_minute import pick_steps
+  minutes_at = {250: 3.0, 500: 6.1, 750: 9.0, 1000: 12.2}
+  assert pick_steps(minutes_at, [6, 10, 20]) == {"6 min": 250, "10 min": 750, "20 min": 1000,
+                                                  "end": 1000}
+  slower = {s: m * 1.7 for s, m in minutes_at.items()}  # --clock_scale=1.7: 500 at 10.4, 1000 at 20.7
+  assert pick_steps(slower, [10, 20]) == {"10 min": 250, "20 min": 750, "end": 1000}
+  assert pick_steps(minutes_at, [2]) == {"end": 1000}  # nothing saved by then: only the end
