@@ -53,13 +53,17 @@ def checkpoint_minutes(workdir: Path) -> dict[int, float]:
   return {s: float(np.interp(s, [0, *steps], [0.0, *clock])) / 60 for s in sorted(saved)}
 
 
+def time_label(minutes: float) -> str:
+  return f"{minutes:g} min"
+
+
 def pick_steps(minutes_at: dict[int, float], times: Sequence[float]) -> dict[str, int]:
   """{label: step}: the last checkpoint at or before each time, and the final checkpoint."""
   picked = {}
   for t in times:
     before = [s for s, m in minutes_at.items() if m <= t + 1e-9]
     if before:
-      picked[f"{t:g} min"] = max(before)
+      picked[time_label(t)] = max(before)
   picked["end"] = max(minutes_at)
   return picked
 
@@ -85,20 +89,26 @@ def main(argv: list[str]) -> None:
     raise app.UsageError("pass one or more training workdirs (one seed each)")
   times = [float(t) for t in FLAGS.minutes]
   compiled: dict = {}
-  rows: dict[str, list[tuple[float, int, float, float]]] = {}  # label -> per seed (min, step, ema, raw)
-  for workdir in workdirs:
+  # label -> {seed's index: (min, step, ema, raw)}; a seed with no checkpoint by then has no entry
+  rows: dict[str, dict[int, tuple[float, int, float, float]]] = {
+      label: {} for label in [*map(time_label, times), "end"]}
+  for i, workdir in enumerate(workdirs):
     minutes_at = {s: m * FLAGS.clock_scale for s, m in checkpoint_minutes(workdir).items()}
     for label, step in pick_steps(minutes_at, times).items():
       ema, raw = (score(workdir, step, e, compiled)["sacrebleu"]["bleu"] for e in (True, False))
-      rows.setdefault(label, []).append((minutes_at[step], step, ema, raw))
+      rows[label][i] = (minutes_at[step], step, ema, raw)
       print(f"{workdir}: {label}: step {step} at {minutes_at[step]:.1f} min: BLEU {ema:.2f} "
             f"(moving average), {raw:.2f} (raw)", flush=True)
   out = Path(FLAGS.output_dir)
   out.mkdir(parents=True, exist_ok=True)
   lines = ["| time | " + " | ".join(f"{w.name}: step (min), BLEU avg / raw" for w in workdirs)
            + " | mean ± sd, moving average | mean ± sd, raw |", "|---" * (len(workdirs) + 3) + "|"]
-  for label, per_seed in rows.items():
-    cells = [f"{step} ({m:.1f}), **{ema:.2f}** / {raw:.2f}" for m, step, ema, raw in per_seed]
+  for label, by_seed in rows.items():
+    if not by_seed:
+      continue
+    cells = [f"{by_seed[i][1]} ({by_seed[i][0]:.1f}), **{by_seed[i][2]:.2f}** / {by_seed[i][3]:.2f}"
+             if i in by_seed else "– (no checkpoint kept by then)" for i in range(len(workdirs))]
+    per_seed = list(by_seed.values())
     lines.append(f"| {label} | " + " | ".join(cells) + f" | {spread([r[2] for r in per_seed])} | "
                  f"{spread([r[3] for r in per_seed])} |")
   if FLAGS.clock_scale != 1:
@@ -106,7 +116,7 @@ def main(argv: list[str]) -> None:
   (out / "quality_per_minute.md").write_text("\n".join(lines) + "\n")
   fig, ax = plt.subplots(figsize=(6.4, 4))
   for i, workdir in enumerate(workdirs):
-    points = sorted((r[i][0], r[i][2], r[i][3]) for r in rows.values() if len(r) > i)
+    points = sorted((r[i][0], r[i][2], r[i][3]) for r in rows.values() if i in r)
     ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=f"C{i}",
             label=f"{workdir.name}, moving average")
     ax.plot([p[0] for p in points], [p[2] for p in points], "x--", color=f"C{i}", alpha=0.6,
