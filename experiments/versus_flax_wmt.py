@@ -8,8 +8,9 @@ point at, not a copy: its `models.Transformer` and its `train.train_step` under 
 TensorFlow and clu only for the input pipeline and logging; this script stands in empty modules for
 them, so nothing of theirs that runs here is replaced.
 
-Both models get the default config's shape (configs/multi30k.py: 3 + 3 layers, d_model 256, 4 heads,
-d_ff 1024, dropout 0.1, no attention dropout, shared embeddings, vocabulary 8,000) and the same
+Both models get the config's shape (by default configs/multi30k.py: 2 + 2 layers, d_model 256, 4 heads,
+d_ff 1024, dropout 0.1, no attention dropout, shared embeddings, vocabulary 8,000; docs/performance.md's
+figures are at issue 18's 3 + 3 layers, `--config.model.num_layers=3`) and the same
 random batch of `rows` x `seq_len` tokens without padding. Each takes its own defaults otherwise
 (ours: `train.dropout_rng` from the config; theirs: JAX's default PRNG). The steps alternate in rounds,
 so a busy machine slows both alike; the ratio of medians is the figure.
