@@ -87,6 +87,9 @@ def main(argv: list[str]) -> None:
   workdirs = [Path(w) for w in argv[1:]]
   if not workdirs:
     raise app.UsageError("pass one or more training workdirs (one seed each)")
+  if FLAGS.clock_scale <= 0:
+    raise app.UsageError(f"--clock_scale must be positive (a ratio of two machines' times), got "
+                         f"{FLAGS.clock_scale:g}")
   times = [float(t) for t in FLAGS.minutes]
   compiled: dict = {}
   # label -> {seed's index: (min, step, ema, raw)}; a seed with no checkpoint by then has no entry

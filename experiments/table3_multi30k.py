@@ -17,9 +17,9 @@ Row (E), the positional encodings, is the `positional` grid, trained to the end 
 (experiments/results/positional_full/).
 
 Every run trains STEPS steps, a quarter of the default's 4,800 (its first ~6 minutes on the 2-core VM):
-what a CPU can afford for 34 runs. Steps are equal across the whole table, so a row compares its variants
-at equal updates, not at equal time (a wider model's step costs more). Results:
-experiments/results/table3_multi30k/.
+what a CPU can afford for 36 runs (18 variants x 2 seeds). Steps are equal across the whole table,
+so a row compares its variants at equal updates, not at equal time (a wider model's step costs more).
+Results: experiments/results/table3_multi30k/.
 """
 
 from experiments.grids import Grid, Variant

@@ -329,3 +329,10 @@ def test_the_curve_reads_the_last_checkpoint_before_each_time_on_a_scaled_clock(
   slower = {s: m * 1.7 for s, m in minutes_at.items()}  # --clock_scale=1.7: 500 at 10.4, 1000 at 20.7
   assert pick_steps(slower, [10, 20]) == {"10 min": 250, "20 min": 750, "end": 1000}
   assert pick_steps(minutes_at, [2]) == {"end": 1000}  # nothing saved by then: only the end
+
+
+def test_a_clock_scale_that_is_not_positive_is_one_clear_error(tmp_path):
+  out = subprocess.run([sys.executable, "-m", "experiments.quality_per_minute", str(tmp_path),
+                        "--clock_scale=0"], cwd=REPO, capture_output=True, text=True, check=False)
+  assert out.returncode != 0
+  assert "--clock_scale must be positive (a ratio of two machines' times), got 0" in out.stderr
