@@ -80,8 +80,8 @@ def collect(runs: Sequence[Any]) -> list[dict[str, Any]]:
     final = evals.get(row["steps_done"])
     row["dev_ppl"] = final["perplexity"] if final else None
     eval_sec = 0.0
-    for name, (path, _) in run.evals.items():
-      report, averaged = _report(path), _report(ema_path(path))
+    for name, evaluation in run.evals.items():
+      report, averaged = _report(evaluation.report), _report(evaluation.ema_report)
       row[f"{name}_bleu"] = report["sacrebleu"]["bleu"] if report else None
       row[f"{name}_ema_bleu"] = averaged["sacrebleu"]["bleu"] if averaged else None
       row[f"{name}_tokenized_bleu"] = report["tokenized_bleu"]["bleu"] if report else None
@@ -89,11 +89,6 @@ def collect(runs: Sequence[Any]) -> list[dict[str, Any]]:
     row["eval_sec"] = round(eval_sec, 1)
     rows.append(row)
   return rows
-
-
-def ema_path(report: Path) -> Path:
-  """The report of the same evaluation scored with the parameters' moving average."""
-  return report.with_name(f"{report.stem}_ema.json")
 
 
 def translations(report: Path) -> list[str] | None:
@@ -115,9 +110,9 @@ def add_significance(rows: list[dict[str, Any]], runs: Sequence[Any],
       row[f"{name}_p"] = None
       if baseline is None or baseline is run or name not in run.evals:
         continue
-      mine, theirs = run.evals[name][0], baseline.evals[name][0]
-      if ema_path(mine).is_file() and ema_path(theirs).is_file():
-        mine, theirs = ema_path(mine), ema_path(theirs)
+      mine, theirs = run.evals[name], baseline.evals[name]
+      both_ema = mine.ema_report.is_file() and theirs.ema_report.is_file()
+      mine, theirs = (mine.ema_report, theirs.ema_report) if both_ema else (mine.report, theirs.report)
       hyps, base_hyps = translations(mine), translations(theirs)
       if hyps is not None and base_hyps is not None:
         row[f"{name}_p"] = significance.paired_bootstrap(base_hyps, hyps, refs)

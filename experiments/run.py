@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import ml_collections
 from absl import app, flags
@@ -42,6 +43,14 @@ FLAGS = flags.FLAGS
 log = logging.getLogger("transformer")
 
 
+class Evaluation(NamedTuple):
+  """One transformer-eval command and the reports it writes: the raw parameters' and, where the run
+  kept a moving average, the average's."""
+  report: Path
+  ema_report: Path
+  command: list[str]
+
+
 @dataclasses.dataclass(frozen=True)
 class Run:
   """One training run of the grid and the commands that produce its results."""
@@ -50,7 +59,7 @@ class Run:
   workdir: Path
   config: ml_collections.ConfigDict
   train: list[str]
-  evals: dict[str, tuple[Path, list[str]]]  # test set ('dev', 'long', ...) -> (report, command)
+  evals: dict[str, Evaluation]  # test set ('dev', 'long', ...) -> its evaluation
 
   @property
   def label(self) -> str:
@@ -78,6 +87,13 @@ def flag_value(value) -> str:
   return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+def evaluation(workdir: Path, step: int, test_set: str, args: list[str]) -> Evaluation:
+  """transformer-eval of the run's step on one test set (its flags in `args`) and its reports."""
+  return Evaluation(evaluate.report_path(workdir, test_set, step),
+                    evaluate.report_path(workdir, test_set, step, ema=True),
+                    ["transformer-eval", f"--workdir={workdir}", f"--step={step}", *args])
+
+
 def plan(grid: Grid, base: ml_collections.ConfigDict, base_args: list[str], seeds: list[int],
          root: Path, test_set_files: dict[str, dict]) -> list[Run]:
   """Every run of the grid, seed-major, with its workdir and commands."""
@@ -91,15 +107,11 @@ def plan(grid: Grid, base: ml_collections.ConfigDict, base_args: list[str], seed
                f"--workdir={workdir}"]
       step = cfg.train.steps
       split = cfg.data.eval_split
-      evals = {"dev": (evaluate.report_path(workdir, split, step),
-                       ["transformer-eval", f"--workdir={workdir}", f"--step={step}",
-                        f"--split={split}"])}
+      evals = {"dev": evaluation(workdir, step, split, [f"--split={split}"])}
       for name, files in test_set_files.items():
-        report = evaluate.report_path(workdir, evaluate.test_set_name(None, files["source_file"]),
-                                      step)
-        evals[name] = (report, ["transformer-eval", f"--workdir={workdir}", f"--step={step}",
-                                f"--source_file={files['source_file']}",
-                                f"--reference_file={files['reference_file']}"])
+        evals[name] = evaluation(workdir, step, evaluate.test_set_name(None, files["source_file"]),
+                                 [f"--source_file={files['source_file']}",
+                                  f"--reference_file={files['reference_file']}"])
       runs.append(Run(variant, seed, workdir, cfg, train, evals))
   return runs
 
@@ -139,7 +151,7 @@ def run_all(runs: list[Run]) -> list[str]:
         log.error("%s", failures[-1])
         continue
       log.info("%s: trained in %s", prefix, format_duration(time.time() - t))
-    for report, command in run.evals.values():
+    for report, _, command in run.evals.values():
       if report.is_file():
         continue
       log.info("%s: evaluating -> %s", prefix, report.name)
@@ -181,7 +193,7 @@ def main(argv: list[str]) -> None:
   runs = plan(grid, base, base_arguments(sys.argv), seeds, root, files)
   if FLAGS.print_commands:
     for run in runs:
-      print(" && ".join(shlex.join(c) for c in [run.train] + [c for _, c in run.evals.values()]))
+      print(" && ".join(shlex.join(c) for c in [run.train] + [e.command for e in run.evals.values()]))
     return
   log.info("Experiment %s: %d variants x %d seeds = %d runs in %s", grid.name, len(grid.variants),
            len(seeds), len(runs), root)

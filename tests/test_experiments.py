@@ -115,11 +115,15 @@ def test_commands_carry_the_base_overrides_variant_and_seed(tmp_path):
   learned = runs[3]
   assert learned.train == ["transformer-train", *args, "--config.model.positional=learned",
                            "--config.seed=1", f"--workdir={tmp_path}/learned/seed1"]
-  assert learned.evals["dev"] == (tmp_path / "learned/seed1/eval/validation_step100000.json",
+  eval_dir = tmp_path / "learned/seed1/eval"
+  assert learned.evals["dev"] == (eval_dir / "validation_step100000.json",
+                                  eval_dir / "validation_step100000_ema.json",
                                   ["transformer-eval", f"--workdir={tmp_path}/learned/seed1",
                                    "--step=100000", "--split=validation"])
-  assert learned.evals["long"][1][-2:] == ["--source_file=x/long.en", "--reference_file=x/long.de"]
-  assert learned.evals["long"][0] == tmp_path / "learned/seed1/eval/long_step100000.json"
+  assert learned.evals["long"].command[-2:] == ["--source_file=x/long.en",
+                                                "--reference_file=x/long.de"]
+  assert learned.evals["long"].report == eval_dir / "long_step100000.json"
+  assert learned.evals["long"].ema_report == eval_dir / "long_step100000_ema.json"
 
 
 class WordVocab:
