@@ -13,7 +13,8 @@ the same command picks up where it stopped. `--print_commands` prints one shell 
 for a cluster scheduler; once they have finished, the same command without it collects the results.
 
 Output in ROOT: results.csv (one row per run), results.md (the paper's Table 3 layout, mean ± std over
-seeds), curves.png and bleu.png. `--base.KEY=VALUE` overrides the base config for every variant.
+seeds), curves.png and bleu.png; `--record=DIR` copies them (and the extra test sets' descriptions) to
+DIR, e.g. experiments/results/<name>/. `--base.KEY=VALUE` overrides the base config for every variant.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -164,6 +166,16 @@ def run_all(runs: list[Run]) -> list[str]:
   return failures
 
 
+def record(files: list[Path], folder: Path) -> None:
+  """Copies the experiment's tables, plots and test-set descriptions into `folder` (the repository's
+  experiments/results/<name>/), so the record is rebuilt by the same command that made it."""
+  folder.mkdir(parents=True, exist_ok=True)
+  for path in files:
+    if path.is_file():
+      shutil.copy2(path, folder / path.name)
+  log.info("Recorded %d files in %s", sum(p.is_file() for p in files), folder)
+
+
 def base_arguments(argv: list[str]) -> list[str]:
   """transformer-train's --config flags for the runner's --base and --base.KEY=VALUE flags."""
   args = []
@@ -203,7 +215,10 @@ def main(argv: list[str]) -> None:
   references.update({name: sources.read_lines(f["reference_file"]) for name, f in files.items()})
   results.add_significance(table, runs, references)
   written = results.write(table, grid, root)
+  written += [root / "test_sets" / f"{name}.json" for name in files]  # as test_sets.build stores them
   log.info("Wrote %s", ", ".join(str(p) for p in written))
+  if FLAGS.record:
+    record(written, Path(FLAGS.record))
   print((root / "results.md").read_text())
   if failures:
     sys.exit("experiments.run: error: some runs failed:\n  " + "\n  ".join(failures))
@@ -218,6 +233,8 @@ def run() -> None:
   flags.DEFINE_bool("print_commands", False, "Print one shell line per run (train, then evaluate) "
                     "for a scheduler, and exit.")
   flags.DEFINE_bool("collect_only", False, "Only tabulate and plot the runs found in the folder.")
+  flags.DEFINE_string("record", None, "Also copy the tables, plots and test-set descriptions here, "
+                      "e.g. experiments/results/<name> (the repository's record).")
   run_program("experiments.run", main, takes_arguments=True)
 
 

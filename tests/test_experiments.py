@@ -16,7 +16,7 @@ from helpers import REPO, tiny_run_config
 
 from experiments import results, significance, test_sets
 from experiments.grids import Grid, Variant, load_grid
-from experiments.run import base_arguments, plan, variant_config
+from experiments.run import base_arguments, plan, record, variant_config
 from transformer.config import ConfigError, base_config
 from transformer.data import sources
 
@@ -124,6 +124,19 @@ def test_commands_carry_the_base_overrides_variant_and_seed(tmp_path):
                                                 "--reference_file=x/long.de"]
   assert learned.evals["long"].report == eval_dir / "long_step100000.json"
   assert learned.evals["long"].ema_report == eval_dir / "long_step100000_ema.json"
+
+
+
+def test_record_copies_what_exists_into_the_results_folder(tmp_path):
+  root = tmp_path / "runs"
+  (root / "test_sets").mkdir(parents=True)
+  (root / "results.md").write_text("| table |\n")
+  (root / "test_sets/long.json").write_text('{"sentences": 3}\n')
+  folder = tmp_path / "experiments/results/grid"
+  record([root / "results.md", root / "test_sets/long.json", root / "curves.png"], folder)
+  assert sorted(p.name for p in folder.iterdir()) == ["long.json", "results.md"]  # no curves yet
+  assert (folder / "results.md").read_text() == "| table |\n"
+  assert json.loads((folder / "long.json").read_text()) == {"sentences": 3}
 
 
 class WordVocab:
