@@ -13,8 +13,9 @@ the same command picks up where it stopped. `--print_commands` prints one shell 
 for a cluster scheduler; once they have finished, the same command without it collects the results.
 
 Output in ROOT: results.csv (one row per run), results.md (the paper's Table 3 layout, mean ± std over
-seeds), curves.png and bleu.png; `--record=DIR` copies them (and the extra test sets' descriptions) to
-DIR, e.g. experiments/results/<name>/. `--base.KEY=VALUE` overrides the base config for every variant.
+seeds), curves.png, bleu.png and commands.sh (every run's command line); `--record=DIR` copies them
+(and the extra test sets' descriptions) to DIR, e.g. experiments/results/<name>/.
+`--base.KEY=VALUE` overrides the base config for every variant.
 """
 
 from __future__ import annotations
@@ -166,6 +167,12 @@ def run_all(runs: list[Run]) -> list[str]:
   return failures
 
 
+def command_lines(runs: list[Run]) -> list[str]:
+  """One shell line per run: its training, then its evaluations."""
+  return [" && ".join(shlex.join(c) for c in [run.train] + [e.command for e in run.evals.values()])
+          for run in runs]
+
+
 def record(files: list[Path], folder: Path) -> None:
   """Copies the experiment's tables, plots and test-set descriptions into `folder` (the repository's
   experiments/results/<name>/), so the record is rebuilt by the same command that made it."""
@@ -204,8 +211,7 @@ def main(argv: list[str]) -> None:
            for name in grid.test_sets}
   runs = plan(grid, base, base_arguments(sys.argv), seeds, root, files)
   if FLAGS.print_commands:
-    for run in runs:
-      print(" && ".join(shlex.join(c) for c in [run.train] + [e.command for e in run.evals.values()]))
+    print("\n".join(command_lines(runs)))
     return
   log.info("Experiment %s: %d variants x %d seeds = %d runs in %s", grid.name, len(grid.variants),
            len(seeds), len(runs), root)
@@ -215,6 +221,10 @@ def main(argv: list[str]) -> None:
   references.update({name: sources.read_lines(f["reference_file"]) for name, f in files.items()})
   results.add_significance(table, runs, references)
   written = results.write(table, grid, root)
+  commands = root / "commands.sh"
+  commands.write_text(f"# {grid.name}: every run's commands (train && evaluate), one line each\n"
+                      + "\n".join(command_lines(runs)) + "\n")
+  written.append(commands)
   written += [root / "test_sets" / f"{name}.json" for name in files]  # as test_sets.build stores them
   log.info("Wrote %s", ", ".join(str(p) for p in written))
   if FLAGS.record:
@@ -233,8 +243,8 @@ def run() -> None:
   flags.DEFINE_bool("print_commands", False, "Print one shell line per run (train, then evaluate) "
                     "for a scheduler, and exit.")
   flags.DEFINE_bool("collect_only", False, "Only tabulate and plot the runs found in the folder.")
-  flags.DEFINE_string("record", None, "Also copy the tables, plots and test-set descriptions here, "
-                      "e.g. experiments/results/<name> (the repository's record).")
+  flags.DEFINE_string("record", None, "Also copy the tables, plots, commands and test-set "
+                      "descriptions here, e.g. experiments/results/<name> (the repository's record).")
   run_program("experiments.run", main, takes_arguments=True)
 
 

@@ -308,13 +308,17 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   assert "| p vs sinusoidal (dev) | p vs sinusoidal (long) |" in table
   for name in ("curves.png", "bleu.png"):
     assert matplotlib.image.imread(root / name).ndim == 3
+  assert (root / "commands.sh").read_text().splitlines()[1:] == lines  # what --print_commands said
 
   reports = sorted((root).glob("*/seed0/eval/*.json"))
   stamps = [p.stat().st_mtime_ns for p in reports]
-  again = run_experiment(*common)
+  again = run_experiment(*common, f"--record={tmp_path / 'record'}")
   assert again.returncode == 0, again.stderr
   assert again.stderr.count("skipping training") == 2
   assert [p.stat().st_mtime_ns for p in reports] == stamps  # nothing evaluated twice
+  recorded = sorted(p.name for p in (tmp_path / "record").iterdir())
+  assert recorded == ["bleu.png", "commands.sh", "curves.png", "long.json", "results.csv", "results.md"]
+  assert (tmp_path / "record/results.md").read_text() == table
 
 
 def test_paired_bootstrap_is_koehns_test_on_sacrebleu(rng):
