@@ -158,7 +158,8 @@ def markdown_table(rows: list[dict[str, Any]], grid: Grid) -> str:
   metrics = metric_columns(grid.test_sets, rows)
   tested = [name for name in ["dev", *grid.test_sets] if any(f"{name}_p" in r for r in rows)]
   p_headers = [f"p vs {grid.variants[0].name} ({name})" for name in tested]
-  headers = ["", "variant", *HYPER_COLUMNS, *metrics, *p_headers, "params ×10⁶", "seeds"]
+  headers = ["", "variant", *HYPER_COLUMNS, *metrics, *p_headers, "params ×10⁶", "train min",
+             "seeds"]
   lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
   reference = None
   previous_row_label = None
@@ -174,7 +175,9 @@ def markdown_table(rows: list[dict[str, Any]], grid: Grid) -> str:
     cells = [label, variant.name, *map(str, shown)]
     cells += [format_mean_std([r[key] for r in finished]) for key in metrics.values()]
     cells += [format_p_values([r.get(f"{name}_p") for r in finished]) for name in tested]
-    cells += [f"{first['params'] / 1e6:.3g}", f"{len(finished)}/{len(mine)}"]
+    cells += [f"{first['params'] / 1e6:.3g}",
+              format_mean_std([r["train_sec"] / 60 for r in finished], digits=1),
+              f"{len(finished)}/{len(mine)}"]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
@@ -201,8 +204,9 @@ def write(rows: list[dict[str, Any]], grid: Grid, root: Path) -> list[Path]:
         "paired bootstrap p-value (sacreBLEU, 1,000 resamples of the sentences) of each seed's run "
         "against the same seed of the first row, on the moving average's translations where both "
         "have them: below 0.05, that seed's difference is unlikely to be luck of the test sentences "
-        "(the seed-to-seed spread is the ± beside the means). Blank hyper-parameters equal the "
-        "first row's.",
+        "(the seed-to-seed spread is the ± beside the means). 'train min' is the wall-clock training "
+        "time per run (compilation and checkpoints included; noisy on a shared machine). Blank "
+        "hyper-parameters equal the first row's.",
         f"Compute: training {format_duration(train_sec)}, evaluation {format_duration(eval_sec)} "
         "(sum over runs).", ""]
   (root / "results.md").write_text("\n".join(md))

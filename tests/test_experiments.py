@@ -196,7 +196,8 @@ def fake_rows():
       cfg = variant_config(base_config(), Variant(variant, overrides), seed)
       model = ModelConfig.from_config(cfg.model, 37000)
       row = {"variant": variant, "row": "", "seed": seed, "finished": True,
-             "params": 63e6, "dev_ppl": ppl[seed], "dev_bleu": bleu[seed], "train_sec": 10.0,
+             "params": 63e6, "dev_ppl": ppl[seed], "dev_bleu": bleu[seed],
+             "train_sec": 60.0 * (seed + 1) if variant == "base" else 90.0,
              "eval_sec": 1.0, "dev_ema_bleu": bleu[seed] + 1.0,
              "dev_p": None if variant == "base" else [0.001, 0.2, 0.04][seed]}
       row.update({name: read(cfg, model) for name, read in results.HYPER_COLUMNS.items()})
@@ -221,6 +222,7 @@ def test_table_reports_mean_and_sample_std_and_blanks_unchanged_settings():
   assert learned[header.index("p vs base (dev)")] == "0.001 / 0.200 / 0.040"
   assert base[header.index("p vs base (dev)")] == "–"
   assert base[header.index("seeds")] == "3/3"
+  assert base[header.index("train min")] == "2.0 ± 1.0" and learned[header.index("train min")] == "1.5 ± 0.0"
 
 
 def test_finished_steps_ignore_checkpoints_still_being_written(tmp_path):
