@@ -187,3 +187,12 @@ def test_comparison_has_a_row_per_metric_and_columns_for_steps_and_hours(tmp_pat
   mean_line = [line for line in axes[0].get_lines() if line.get_label() == "a (n=2)"][0]
   np.testing.assert_allclose(mean_line.get_ydata(), [4.05, 3.05])  # the mean of the two seeds
   assert matplotlib.image.imread(tmp_path / "c.png").ndim == 3
+
+
+def test_a_big_grid_gets_a_colour_per_variant():
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots()
+  plot.draw_groups(ax, {f"v{i}": [[(0, i), (1, i + 1)]] for i in range(18)})
+  colours = {line.get_color() for line in ax.get_lines()}
+  plt.close(fig)
+  assert len(colours) == 18  # the default cycle has 10: variants 0 and 10 would share one

@@ -107,10 +107,14 @@ def compare_runs(groups: Mapping[str, Sequence[str | Path]], path: Path, title: 
       draw_groups(axes[row, col], by_group)
       axes[row, col].set_xlabel(xlabel)
       axes[row, col].set_ylabel(metric)
-  axes[0, 0].legend(fontsize="small")
   if title:
     fig.suptitle(title)
-  fig.tight_layout()
+  if len(groups) > 6:  # a long legend goes beside the panels, not over the first one
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="upper right", fontsize="small")
+    fig.tight_layout(rect=(0, 0, 0.83, 1))
+  else:
+    axes[0, 0].legend(fontsize="small")
+    fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return fig
@@ -122,6 +126,8 @@ def draw_groups(ax: plt.Axes, groups: Mapping[str, Sequence[Curve]]) -> None:
   """One colour per group (variant), one thin line per member (seed) and their mean drawn thick
   where the members share x values (steps); a lone member is drawn thick itself."""
   colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  if len(groups) > len(colours):  # a big grid: 20 colours before any repeats
+    colours = list(plt.get_cmap("tab20").colors)
   for i, (name, curves) in enumerate(groups.items()):
     colour = colours[i % len(colours)]
     curves = [c for c in curves if c]
@@ -150,7 +156,8 @@ def bars_with_error(values: Mapping[str, Mapping[str, Sequence[float]]], path: P
   series = sorted({s for inner in values.values() for s in inner},
                   key=lambda s: (s != "dev", s))
   width = 0.8 / max(len(series), 1)
-  fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(groups) * max(len(series), 1)), 4.5))
+  bars = len(groups) * max(len(series), 1)
+  fig, ax = plt.subplots(figsize=(min(16, max(5, 1.1 * bars)), 4.5))  # many bars: narrower ones
   for j, name in enumerate(series):
     means, stds, xs = [], [], []
     for i, group in enumerate(groups):
@@ -159,8 +166,9 @@ def bars_with_error(values: Mapping[str, Mapping[str, Sequence[float]]], path: P
         xs.append(i + (j - (len(series) - 1) / 2) * width)
         means.append(float(np.mean(data)))
         stds.append(float(np.std(data, ddof=1)) if len(data) > 1 else 0.0)
-    bars = ax.bar(xs, means, width, yerr=stds, capsize=4, label=name)
-    ax.bar_label(bars, labels=[f"{m:.1f}" for m in means], fontsize="small", padding=2)
+    drawn = ax.bar(xs, means, width, yerr=stds, capsize=4 if bars <= 16 else 2, label=name)
+    ax.bar_label(drawn, labels=[f"{m:.1f}" for m in means], padding=2,
+                 fontsize="small" if bars <= 16 else "xx-small")
   ax.set_xticks(range(len(groups)), groups, rotation=30 if len(groups) > 6 else 0, ha="right"
                 if len(groups) > 6 else "center")
   ax.grid(axis="y", alpha=0.3)
