@@ -196,3 +196,12 @@ def test_a_big_grid_gets_a_colour_per_variant():
   colours = {line.get_color() for line in ax.get_lines()}
   plt.close(fig)
   assert len(colours) == 18  # the default cycle has 10: variants 0 and 10 would share one
+
+
+def test_a_big_grid_puts_its_legend_beside_the_panels(tmp_path):
+  records = [train(s, 5.0 - s / 100, float(s)) for s in (100, 200)]
+  for i in range(7):
+    write_run(tmp_path / f"v{i}", records)
+  fig = plot.compare_runs({f"v{i}": [tmp_path / f"v{i}"] for i in range(7)}, tmp_path / "c.png")
+  assert fig.axes[0].get_legend() is None
+  assert [t.get_text() for t in fig.legends[0].get_texts()] == [f"v{i} (n=1)" for i in range(7)]
