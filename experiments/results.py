@@ -182,8 +182,9 @@ def markdown_table(rows: list[dict[str, Any]], grid: Grid) -> str:
   return "\n".join(lines)
 
 
-def write(rows: list[dict[str, Any]], grid: Grid, root: Path) -> list[Path]:
-  """results.csv, results.md, curves.png and bleu.png in `root`."""
+def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0) -> list[Path]:
+  """results.csv, results.md, curves.png and bleu.png in `root`, for the evaluations with at least
+  `min_len` tokens per translation (transformer-eval --min_len)."""
   root.mkdir(parents=True, exist_ok=True)
   csv_path = root / "results.csv"
   fields = list(rows[0])
@@ -199,7 +200,9 @@ def write(rows: list[dict[str, Any]], grid: Grid, root: Path) -> list[Path]:
         markdown_table(rows, grid), "",
         f"{len(finished)} of {len(rows)} runs finished. Mean ± sample standard deviation over seeds; "
         "PPL is the dev perplexity per target subword token at the last step (teacher-forced); BLEU "
-        "is sacreBLEU from transformer-eval (beam search, the config's decode settings) on the last "
+        "is sacreBLEU from transformer-eval (beam search, the config's decode settings"
+        + (f" with --min_len={min_len}: no translation shorter than {min_len} token(s)" if min_len
+           else "") + ") on the last "
         "checkpoint (EMA: the same checkpoint's moving average of the parameters). 'p vs' is the "
         "paired bootstrap p-value (sacreBLEU, 1,000 resamples of the sentences) of each seed's run "
         "against the same seed of the first row, on the moving average's translations where both "
@@ -215,7 +218,8 @@ def write(rows: list[dict[str, Any]], grid: Grid, root: Path) -> list[Path]:
                       and Path(r["workdir"], METRICS_FILE).is_file()] for v in grid.variants}
   if any(workdirs.values()):
     plot.compare_runs({name: dirs for name, dirs in workdirs.items() if dirs}, root / "curves.png",
-                      title=f"{grid.name}: training curves (thin: seeds, thick: their mean)")
+                      title=f"{grid.name}: training curves (thin: seeds, thick: their mean)",
+                      min_len=min_len)
   bleu = {}
   bars = {label: key for label, key in metric_columns(grid.test_sets, rows).items()
           if label.startswith("BLEU")}  # 'BLEU (dev)', 'BLEU (dev, EMA)', ... -> row key

@@ -15,7 +15,8 @@ for a cluster scheduler; once they have finished, the same command without it co
 Output in ROOT: results.csv (one row per run), results.md (the paper's Table 3 layout, mean ± std over
 seeds), curves.png, bleu.png and commands.sh (every run's command line); `--record=DIR` copies them
 (and the extra test sets' descriptions) to DIR, e.g. experiments/results/<name>/.
-`--base.KEY=VALUE` overrides the base config for every variant.
+`--base.KEY=VALUE` overrides the base config for every variant. `--min_len=N` scores the same
+checkpoints with a minimum output length (reports `_min<N>`, tables in ROOT/min_len<N>/).
 """
 
 from __future__ import annotations
@@ -90,16 +91,19 @@ def flag_value(value) -> str:
   return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def evaluation(workdir: Path, step: int, test_set: str, args: list[str]) -> Evaluation:
-  """transformer-eval of the run's step on one test set (its flags in `args`) and its reports."""
-  return Evaluation(evaluate.report_path(workdir, test_set, step),
-                    evaluate.report_path(workdir, test_set, step, ema=True),
+def evaluation(workdir: Path, step: int, test_set: str, args: list[str], min_len: int = 0
+               ) -> Evaluation:
+  """transformer-eval of the run's step on one test set (its flags in `args`) and its reports
+  (`min_len`: the minimum output length the search will use, which names them)."""
+  return Evaluation(evaluate.report_path(workdir, test_set, step, min_len=min_len),
+                    evaluate.report_path(workdir, test_set, step, ema=True, min_len=min_len),
                     ["transformer-eval", f"--workdir={workdir}", f"--step={step}", *args])
 
 
 def plan(grid: Grid, base: ml_collections.ConfigDict, base_args: list[str], seeds: list[int],
-         root: Path, test_set_files: dict[str, dict]) -> list[Run]:
-  """Every run of the grid, seed-major, with its workdir and commands."""
+         root: Path, test_set_files: dict[str, dict], min_len: int | None = None) -> list[Run]:
+  """Every run of the grid, seed-major, with its workdir and commands; `min_len` (None: the
+  config's) is passed to every evaluation."""
   runs = []
   for seed in seeds:
     for variant in grid.variants:
@@ -110,11 +114,14 @@ def plan(grid: Grid, base: ml_collections.ConfigDict, base_args: list[str], seed
                f"--workdir={workdir}"]
       step = cfg.train.steps
       split = cfg.data.eval_split
-      evals = {"dev": evaluation(workdir, step, split, [f"--split={split}"])}
+      search = [] if min_len is None else [f"--min_len={min_len}"]
+      shortest = cfg.decode.min_len if min_len is None else min_len
+      evals = {"dev": evaluation(workdir, step, split, [f"--split={split}", *search], shortest)}
       for name, files in test_set_files.items():
         evals[name] = evaluation(workdir, step, evaluate.test_set_name(None, files["source_file"]),
                                  [f"--source_file={files['source_file']}",
-                                  f"--reference_file={files['reference_file']}"])
+                                  f"--reference_file={files['reference_file']}", *search],
+                                 shortest)
       runs.append(Run(variant, seed, workdir, cfg, train, evals))
   return runs
 
@@ -201,6 +208,9 @@ def main(argv: list[str]) -> None:
     raise app.UsageError("pass --base=configs/multi30k.py (the config every variant changes)")
   if FLAGS.seeds < 1:
     raise app.UsageError(f"--seeds must be at least 1, got {FLAGS.seeds}")
+  if FLAGS.min_len is not None and FLAGS.min_len < 0:
+    raise app.UsageError(f"--min_len must be >= 0 (0 = an empty translation is allowed), got "
+                         f"{FLAGS.min_len}")
   grid = load_grid(argv[1])
   root = Path(FLAGS.root or f"runs/experiments/{grid.name}")
   seeds = list(range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.seeds))
@@ -209,7 +219,8 @@ def main(argv: list[str]) -> None:
     variant_config(base, variant, seeds[0])
   files = {name: test_sets.build(name, base, seeds[0], root / "test_sets")
            for name in grid.test_sets}
-  runs = plan(grid, base, base_arguments(sys.argv), seeds, root, files)
+  runs = plan(grid, base, base_arguments(sys.argv), seeds, root, files, FLAGS.min_len)
+  tables = root if FLAGS.min_len is None else root / f"min_len{FLAGS.min_len}"
   if FLAGS.print_commands:
     print("\n".join(command_lines(runs)))
     return
@@ -220,8 +231,9 @@ def main(argv: list[str]) -> None:
   references = {"dev": sources.load_split(base.data, base.data.eval_split).target}
   references.update({name: sources.read_lines(f["reference_file"]) for name, f in files.items()})
   results.add_significance(table, runs, references)
-  written = results.write(table, grid, root)
-  commands = root / "commands.sh"
+  written = results.write(table, grid, tables,
+                          base.decode.min_len if FLAGS.min_len is None else FLAGS.min_len)
+  commands = tables / "commands.sh"
   commands.write_text(f"# {grid.name}: every run's commands (train && evaluate), one line each\n"
                       + "\n".join(command_lines(runs)) + "\n")
   written.append(commands)
@@ -229,7 +241,7 @@ def main(argv: list[str]) -> None:
   log.info("Wrote %s", ", ".join(str(p) for p in written))
   if FLAGS.record:
     record(written, Path(FLAGS.record))
-  print((root / "results.md").read_text())
+  print((tables / "results.md").read_text())
   if failures:
     sys.exit("experiments.run: error: some runs failed:\n  " + "\n  ".join(failures))
 
@@ -243,6 +255,9 @@ def run() -> None:
   flags.DEFINE_bool("print_commands", False, "Print one shell line per run (train, then evaluate) "
                     "for a scheduler, and exit.")
   flags.DEFINE_bool("collect_only", False, "Only tabulate and plot the runs found in the folder.")
+  flags.DEFINE_integer("min_len", None, "Evaluate with transformer-eval --min_len=N (at least N "
+                       "tokens per translation; 1 rules out the empty one) instead of the config's "
+                       "search; the tables go to ROOT/min_len<N>/, beside the default search's.")
   flags.DEFINE_string("record", None, "Also copy the tables, plots, commands and test-set "
                       "descriptions here, e.g. experiments/results/<name> (the repository's record).")
   run_program("experiments.run", main, takes_arguments=True)

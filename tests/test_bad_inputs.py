@@ -182,6 +182,9 @@ CASES = {
                                              "--nbest must be between 1 and --beam_size (2), got 3"),
     "negative length penalty": Case("evaluate", ("--workdir={run}", "--alpha=-0.5"),
                                     "--alpha (the length-penalty exponent) must be >= 0, got -0.5"),
+    "negative minimum length": Case("evaluate", ("--workdir={run}", "--min_len=-1"),
+                                    "--min_len must be >= 0 (0 = an empty translation is allowed), "
+                                    "got -1"),
     "ensemble with another vocabulary": Case("evaluate", ("--workdir={run}",
                                                           "--ensemble={tmp}/copy"),
                                              "--ensemble: {tmp}/copy has a different vocabulary "

@@ -52,6 +52,7 @@ def test_default_config_is_valid():
     ("model.dtype", "float8", r"config.model.dtype must be one of"),
     ("data.source", "wmt", r"config.data.source must be one of"),
     ("model.d_k", -16, r"config.model.d_k must be a non-negative integer, got -16"),
+    ("decode.min_len", -1, r"config.decode.min_len must be a non-negative integer, got -1"),
 ])
 def test_bad_values_name_the_key(key, value, message):
   c = load("multi30k")

@@ -3,6 +3,7 @@ n-best lists, sampling independent of batching, forced scores equal to training'
 
 import dataclasses
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +52,37 @@ def test_translate_keeps_order_and_handles_empty_and_long_lines(vocab, positiona
     tokens = tokens.tolist()
     tokens = tokens[:tokens.index(EOS_ID)] if EOS_ID in tokens else tokens
     assert hypothesis == vocab.decode(tokens)
+
+
+def always_eos(model, params):
+  """`params` changed so the decoder prefers EOS at every step: the last layer's final layer norm
+  outputs a constant vector that points along EOS's (tied) output embedding, made the longest."""
+  params = jax.tree.map(lambda x: x, params)
+  embedding = params["embed"]["embedding"].at[EOS_ID].multiply(4.0)
+  params["embed"]["embedding"] = embedding
+  last = params["decoder"][f"layer_{model.config.num_layers - 1}"]["ffn_norm"]
+  last["scale"] = jnp.zeros_like(last["scale"])
+  last["bias"] = embedding[EOS_ID]
+  return params
+
+
+@pytest.mark.parametrize("search", [dict(beam_size=3, nbest=3), dict(beam_size=1),
+                                    dict(sampling=True, top_k=1)])
+def test_min_len_rules_out_the_empty_translation_and_yields_to_the_length_limit(vocab, search):
+  model = Transformer(tiny_model_config(vocab_size=300))
+  params = always_eos(model, init_params(model))
+  sentences = ["A dog runs on the beach.", "A girl.", "Two men are playing football in a park."]
+  limits = [len(vocab.encode(s)) + 1 + 2 for s in sentences]  # source with EOS + max_extra_len
+  for min_len in (0, 1, 4):
+    settings = SearchSettings(max_extra_len=2, min_len=min_len, tokens_per_batch=64, **search)
+    result = translate(model, params, vocab, sentences, settings, max_source_len=32)
+    for hypotheses, limit in zip(result.nbest, limits):
+      # The model wants EOS at once: the best has exactly min_len tokens before it, or as many as
+      # the limit leaves (with min_len 0 the empty translation); none of the n best has fewer.
+      shortest = min(min_len + 1, limit)
+      assert hypotheses[0]["tokens"] == shortest
+      assert all(h["tokens"] >= shortest for h in hypotheses)
+      assert (hypotheses[0]["text"] == "") == (min_len == 0)
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +207,17 @@ def test_the_programs_write_nbest_lists_scores_samples_and_ensemble_reports(trai
   assert report["chrf"]["chrf"] == pytest.approx(single["chrf"]["chrf"])
   nbest = (workdir / "eval" / "validation_step6_ens2_ema.nbest.jsonl").read_text().splitlines()
   assert len(nbest) == 40 and len(json.loads(nbest[0])["hypotheses"]) == 2
+
+
+def test_a_minimum_length_has_its_own_report_and_no_empty_output(trained):
+  cfg, workdir = trained
+  default = evaluate(str(workdir))
+  kept = Path(default["files"][1]).read_text()
+  report = evaluate(str(workdir), min_len=1)
+  assert report["files"][1] == str(workdir / "eval" / "validation_step6_min1_ema.json")
+  assert report["decode"]["min_len"] == 1 and "min_len" not in default["decode"]
+  assert "" not in Path(report["files"][0]).read_text().splitlines()
+  assert Path(default["files"][1]).read_text() == kept
 
 
 def test_averaging_a_run_with_a_moving_average_averages_both(trained, tmp_path):

@@ -124,6 +124,13 @@ def test_commands_carry_the_base_overrides_variant_and_seed(tmp_path):
                                                 "--reference_file=x/long.de"]
   assert learned.evals["long"].report == eval_dir / "long_step100000.json"
   assert learned.evals["long"].ema_report == eval_dir / "long_step100000_ema.json"
+  # A minimum output length: every evaluation passes it and writes reports of its own name.
+  shortest = plan(load_grid("positional"), base_config(), args, [1], tmp_path, files, min_len=1)[1]
+  assert shortest.train == learned.train
+  assert shortest.evals["dev"] == (eval_dir / "validation_step100000_min1.json",
+                                   eval_dir / "validation_step100000_min1_ema.json",
+                                   [*learned.evals["dev"].command, "--min_len=1"])
+  assert shortest.evals["long"].command == [*learned.evals["long"].command, "--min_len=1"]
 
 
 
@@ -321,6 +328,20 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   recorded = sorted(p.name for p in (tmp_path / "record").iterdir())
   assert recorded == ["bleu.png", "commands.sh", "curves.png", "long.json", "results.csv", "results.md"]
   assert (tmp_path / "record/results.md").read_text() == table
+
+  # The same checkpoints with a minimum output length: evaluated again under their own report
+  # names, tabulated in min_len1/; nothing trained, the default search's reports and table kept.
+  shortest = run_experiment(*common, "--min_len=1")
+  assert shortest.returncode == 0, shortest.stderr
+  assert shortest.stderr.count("skipping training") == 2
+  assert shortest.stderr.count("evaluating -> ") == 4 and "validation_step6_min1.json" in shortest.stderr
+  assert [p.stat().st_mtime_ns for p in reports] == stamps and (root / "results.md").read_text() == table
+  with (root / "min_len1/results.csv").open() as f:
+    for row in csv.DictReader(f):
+      report = json.loads((Path(row["workdir"]) / "eval/long_step6_min1.json").read_text())
+      assert float(row["long_bleu"]) == pytest.approx(report["sacrebleu"]["bleu"])
+      assert report["decode"]["min_len"] == 1
+  assert "--min_len=1" in (root / "min_len1/commands.sh").read_text()
 
 
 def test_paired_bootstrap_is_koehns_test_on_sacrebleu(rng):

@@ -39,17 +39,20 @@ def test_every_record_goes_to_jsonl_and_its_numbers_to_tensorboard(tmp_path):
   assert scalars["eval/perplexity"][0][:2] == (10, pytest.approx(25.79))
 
 
-def test_bleu_is_named_by_test_set_and_averaging(tmp_path):
+def test_bleu_is_named_by_test_set_averaging_ensemble_minimum_length_and_ema(tmp_path):
   with MetricWriter(tmp_path, tensorboard_dir="eval") as writer:
     writer.write("bleu", 500, test_set="validation", averaged=1, bleu=30.5, tokenized_bleu=31.5,
                  signature="nrefs:1|...", beam_size=4)
     writer.write("bleu", 500, test_set="long", averaged=5, bleu=10.25, tokenized_bleu=11.0)
     writer.write("bleu", 500, test_set="validation", averaged=1, ema=True, bleu=31.0)
+    writer.write("bleu", 500, test_set="validation", averaged=1, ema=True, min_len=1, bleu=31.25)
+    writer.write("bleu", 500, test_set="long", averaged=5, ensemble=2, ema=True, min_len=2, bleu=9.5)
   scalars = read_tensorboard(tmp_path / "eval")
   assert {tag: [(s, v) for s, v, _ in points] for tag, points in scalars.items()} == {
       "bleu/validation": [(500, 30.5)], "tokenized_bleu/validation": [(500, 31.5)],
       "bleu/long_avg5": [(500, 10.25)], "tokenized_bleu/long_avg5": [(500, 11.0)],
-      "bleu/validation_ema": [(500, 31.0)]}
+      "bleu/validation_ema": [(500, 31.0)], "bleu/validation_min1_ema": [(500, 31.25)],
+      "bleu/long_avg5_ens2_min2_ema": [(500, 9.5)]}
   assert not list(tmp_path.glob("events.*"))  # the evaluation's go to eval/ only
 
 

@@ -154,6 +154,8 @@ def test_run_curves_follow_resumes_and_interpolate_training_time(tmp_path):
       {"event": "bleu", "step": 300, "time": 0, "test_set": "dev", "bleu": 25.0, "averaged": 5},
       {"event": "bleu", "step": 250, "time": 0, "test_set": "dev", "bleu": 21.0, "averaged": 1,
        "ema": True},
+      {"event": "bleu", "step": 250, "time": 0, "test_set": "dev", "bleu": 22.0, "averaged": 1,
+       "ema": True, "min_len": 1},  # another search of the same checkpoint: its own curve
   ])
   curves = plot.run_curves(tmp_path / "run")
   # Training hours: the first process trained 720 s; the second's 700 s and 1,080 s come on top.
@@ -164,6 +166,11 @@ def test_run_curves_follow_resumes_and_interpolate_training_time(tmp_path):
                              [(200, (720 + 700) / 3600, 3.5), (300, 0.5, 3.0)])
   np.testing.assert_allclose(curves["BLEU (dev)"], [(250, (720 + 890) / 3600, 20.0)])  # no avg5
   np.testing.assert_allclose(curves["BLEU (dev, moving average)"], [(250, (720 + 890) / 3600, 21.0)])
+  np.testing.assert_allclose(curves["BLEU (dev, min_len 1, moving average)"],
+                             [(250, (720 + 890) / 3600, 22.0)])
+  bleu_of = lambda min_len: sorted(k for k in plot.run_curves(tmp_path / "run", min_len) if "BLEU" in k)
+  assert bleu_of(0) == ["BLEU (dev)", "BLEU (dev, moving average)"]
+  assert bleu_of(1) == ["BLEU (dev, min_len 1, moving average)"]
 
 
 def test_comparison_has_a_row_per_metric_and_columns_for_steps_and_hours(tmp_path):

@@ -100,6 +100,9 @@ def define_search_flags(sampling: bool = False) -> None:
   flags.DEFINE_integer("beam_size", None, "Beam size (default: config.decode.beam_size; 1 = greedy).")
   flags.DEFINE_float("alpha", None, "Length-penalty alpha (default: config.decode.alpha).")
   flags.DEFINE_integer("max_extra_len", None, "Output length limit = input length + this.")
+  flags.DEFINE_integer("min_len", None, "At least this many tokens before end-of-sentence (default: "
+                       "config.decode.min_len, 0: the paper's search may output nothing; 1 forbids "
+                       "the empty translation, as fairseq does).")
   flags.DEFINE_integer("nbest", None, "Also write the N best hypotheses of every sentence, with "
                        "their scores, as JSON lines (N <= beam size).")
   flags.DEFINE_list("ensemble", [], "More workdirs decoded together with --workdir (same "
@@ -120,8 +123,8 @@ def define_search_flags(sampling: bool = False) -> None:
 def search_overrides() -> dict:
   """The search flags that were given, as SearchSettings fields (None where not given)."""
   f = flags.FLAGS
-  names = ["beam_size", "alpha", "max_extra_len", "nbest", "temperature", "top_k", "top_p", "seed",
-           "tokens_per_batch"]
+  names = ["beam_size", "alpha", "max_extra_len", "min_len", "nbest", "temperature", "top_k",
+           "top_p", "seed", "tokens_per_batch"]
   overrides = {name: f[name].value for name in names if name in f}
   if "sample" in f:
     overrides["sampling"] = f.sample

@@ -130,6 +130,7 @@ def _decode_keys() -> ml_collections.ConfigDict:
   decode.beam_size = 4
   decode.alpha = 0.6                # GNMT length penalty ((5 + len) / 6) ** alpha.
   decode.max_extra_len = 50         # output may be up to input length + this.
+  decode.min_len = 0                # tokens before EOS at least; 0 allows the empty output (t2t).
   decode.tokens_per_batch = 1024    # source tokens per decoding batch (before the beam): the slots.
   return decode
 
@@ -204,7 +205,7 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
               "train.checkpoint_every", "train.keep_checkpoints", "decode.beam_size",
               "decode.tokens_per_batch"):
     _positive(cfg, key)
-  for key in ("decode.max_extra_len", "model.d_k", "model.d_v"):
+  for key in ("decode.max_extra_len", "decode.min_len", "model.d_k", "model.d_v"):
     _positive(cfg, key, allow_zero=True)
   _choice(cfg, "model.positional", POSITIONAL_KINDS)
   _choice(cfg, "model.norm", NORM_KINDS)

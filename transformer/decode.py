@@ -289,7 +289,8 @@ def greedy_search(models: Models, params: Any, src: jax.Array, max_lengths: jax.
 
 def sample(models: Models, params: Any, src: jax.Array, max_lengths: jax.Array, decode_len: int,
            keys: jax.Array, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-           slots: int | None = None) -> tuple[jax.Array, jax.Array]:
+           slots: int | None = None, min_lengths: jax.Array | None = None
+           ) -> tuple[jax.Array, jax.Array]:
   """Ancestral sampling from softmax(log p / temperature), restricted to the `top_k` most probable
   tokens (0 = all) and to the smallest set whose probability reaches `top_p` (1 = all).
 
@@ -313,7 +314,7 @@ def sample(models: Models, params: Any, src: jax.Array, max_lengths: jax.Array, 
     return jax.vmap(jax.random.categorical)(step_keys, logits)
 
   decoder = _Decoder(models, params, src, decode_len, 1, slots or src.shape[0])
-  tokens, scores = _run(_OnePerSentence(decode_len, choose), decoder, max_lengths, None, 1)
+  tokens, scores = _run(_OnePerSentence(decode_len, choose), decoder, max_lengths, min_lengths, 1)
   return tokens[:, 0], scores[:, 0]
 
 
@@ -399,9 +400,10 @@ def beam_search_nbest(models: Models, params: Any, src: jax.Array, max_lengths: 
   [N, nbest, decode_len] (PAD after EOS) and scores [N, nbest] (log-probability / lp(length);
   NEG_INF where fewer finished).
 
-  `slots`: sentences searched at a time (default: all N). `min_lengths` (as fairseq's --min-len)
-  forbids EOS before that many tokens; the benchmark sets it to time decoding to given lengths
-  whatever the parameters.
+  `slots`: sentences searched at a time (default: all N). `min_lengths` forbids EOS until a
+  hypothesis, EOS included, is that long (fairseq's --min-len m is m + 1 here): 2 rules out the
+  empty translation; the benchmark sets the limits to time decoding to given lengths whatever the
+  parameters.
   """
   if not 1 <= nbest <= beam_size:
     raise ValueError(f"nbest must be between 1 and the beam size {beam_size}, got {nbest}")

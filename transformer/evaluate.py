@@ -27,7 +27,7 @@ from transformer import bleu, progress, runs, translator
 from transformer.cli import define_progress_flag, define_search_flags, run_program, search_overrides
 from transformer.config import ConfigError
 from transformer.data import sources
-from transformer.metrics import MetricWriter, format_duration
+from transformer.metrics import MetricWriter, evaluation_suffix, format_duration
 from transformer.watch import watch
 
 log = logging.getLogger("transformer")
@@ -40,12 +40,12 @@ def test_set_name(split: str | None, source_file: str | None) -> str:
 
 
 def report_path(workdir: str | Path, test_set: str, step: int, averaged: int = 1,
-                ensemble: int = 1, ema: bool = False) -> Path:
-  """WORKDIR/eval/<test set>_step<N>[_avg<K>][_ens<M>][_ema].json; the hypotheses sit beside it as
-  .hyp.txt (and the n-best lists as .nbest.jsonl)."""
-  stem = (f"{test_set}_step{step}" + (f"_avg{averaged}" if averaged > 1 else "")
-          + (f"_ens{ensemble}" if ensemble > 1 else "") + ("_ema" if ema else ""))
-  return Path(workdir) / "eval" / f"{stem}.json"
+                ensemble: int = 1, ema: bool = False, min_len: int = 0) -> Path:
+  """WORKDIR/eval/<test set>_step<N>[_avg<K>][_ens<M>][_min<L>][_ema].json; the hypotheses sit
+  beside it as .hyp.txt (and the n-best lists as .nbest.jsonl). A minimum output length has its own
+  name, so comparing it with the default search keeps both reports."""
+  suffix = evaluation_suffix(averaged, ensemble, ema, min_len)
+  return Path(workdir) / "eval" / f"{test_set}_step{step}{suffix}.json"
 
 
 def nbest_lines(sources: Sequence[str], translations: translator.Translations) -> str:
@@ -116,7 +116,8 @@ def write_report(report: dict[str, Any], result: translator.Translations, source
   TensorBoard; returns the files written."""
   workdir, step, steps = report["workdir"], report["checkpoint_step"], report["averaged_steps"]
   members = len(report["ensemble"] or [None])
-  json_path = report_path(workdir, report["test_set"], step, len(steps), members, report["ema"])
+  json_path = report_path(workdir, report["test_set"], step, len(steps), members, report["ema"],
+                          settings.min_len)
   hyp_path = json_path.with_suffix(".hyp.txt")
   json_path.parent.mkdir(exist_ok=True)
   hyp_path.write_text("".join(h + "\n" for h in result.hypotheses))

@@ -69,16 +69,23 @@ class MetricWriter:
     self.close()
 
 
+def evaluation_suffix(averaged: int = 1, ensemble: int = 1, ema: bool = False,
+                      min_len: int = 0) -> str:
+  """What names an evaluation beside its test set and step, in report files and TensorBoard:
+  _avg<K> (K checkpoints averaged), _ens<M> (an ensemble of M runs), _min<L> (a minimum output
+  length), _ema (the parameters' moving average); '' for one checkpoint's own parameters."""
+  return ((f"_avg{averaged}" if averaged > 1 else "") + (f"_ens{ensemble}" if ensemble > 1 else "")
+          + (f"_min{min_len}" if min_len else "") + ("_ema" if ema else ""))
+
+
 def tensorboard_scalars(record: dict[str, Any]) -> dict[str, float]:
   """The TensorBoard scalars of a metrics record: every number of a 'train', 'eval' or 'checkpoint'
   record as 'event/key' (train/loss, eval/perplexity, ...); BLEU as bleu/<test set>, chrf/<test
-  set> and tokenized_bleu/<test set> (with _avg<K> for averaged checkpoints, _ens<M> for
-  ensembles, _ema for the parameters' moving average)."""
+  set> and tokenized_bleu/<test set> (with `evaluation_suffix`)."""
   event = record["event"]
   if event == "bleu":
-    name = (record["test_set"] + (f"_avg{record['averaged']}" if record.get("averaged", 1) > 1 else "")
-            + (f"_ens{record['ensemble']}" if record.get("ensemble", 1) > 1 else "")
-            + ("_ema" if record.get("ema") else ""))
+    name = record["test_set"] + evaluation_suffix(record.get("averaged", 1), record.get("ensemble", 1),
+                                                  record.get("ema", False), record.get("min_len", 0))
     return {f"{kind}/{name}": record[kind] for kind in ("bleu", "chrf", "tokenized_bleu")
             if kind in record}
   if event not in TENSORBOARD_EVENTS:

@@ -36,8 +36,10 @@ X_AXES = (("step", 0), ("training hours", 1))  # (label, index of x in a run cur
 
 # ------------------------------------------------------------------------------ curves of workdirs
 
-def run_curves(workdir: str | Path) -> dict[str, list[tuple[float, float, float]]]:
-  """{metric label: [(step, training hours, value), ...]} from a workdir's metrics.jsonl.
+def run_curves(workdir: str | Path, min_len: int | None = None
+               ) -> dict[str, list[tuple[float, float, float]]]:
+  """{metric label: [(step, training hours, value), ...]} from a workdir's metrics.jsonl: BLEU of
+  every search, or only of the one with `min_len` (0: the searches that allow an empty output).
 
   A step logged twice (a run resumed from an earlier checkpoint) keeps its last value. Training hours
   add up every process that trained the run; eval and BLEU points take the training time at their
@@ -55,15 +57,19 @@ def run_curves(workdir: str | Path) -> dict[str, list[tuple[float, float, float]
               for r in _last_per_step([r for r in records if r["event"] == event]) if key in r]
     if points:
       curves[label] = points
-  bleu = [r for r in records if r["event"] == "bleu" and r.get("averaged", 1) == 1]
+  bleu = [r for r in records if r["event"] == "bleu" and r.get("averaged", 1) == 1
+          and min_len in (None, r.get("min_len", 0))]
   dev = _eval_split(workdir)
-  for test_set in sorted({r["test_set"] for r in bleu}, key=lambda name: (name != dev, name)):
-    for ema in (False, True):  # the parameters' moving average is its own curve
+  searches = sorted({(r["test_set"], r.get("min_len", 0)) for r in bleu},
+                    key=lambda s: (s[0] != dev, s))
+  for test_set, min_len in searches:  # a minimum output length (--min_len) is its own curve
+    for ema in (False, True):  # and so is the parameters' moving average
       same_set = _last_per_step([r for r in bleu if r["test_set"] == test_set
-                                 and r.get("ema", False) == ema])
+                                 and r.get("min_len", 0) == min_len and r.get("ema", False) == ema])
       if same_set:
-        curves[f"BLEU ({test_set}{', moving average' if ema else ''})"] = [
-            (r["step"], hours(r["step"]), r["bleu"]) for r in same_set]
+        label = (f"BLEU ({test_set}{f', min_len {min_len}' if min_len else ''}"
+                 f"{', moving average' if ema else ''})")
+        curves[label] = [(r["step"], hours(r["step"]), r["bleu"]) for r in same_set]
   return curves
 
 
@@ -86,11 +92,11 @@ def run_label(workdir: str | Path) -> str:
   return path.parent.name if re.fullmatch(r"seed\d+", path.name) else path.name
 
 
-def compare_runs(groups: Mapping[str, Sequence[str | Path]], path: Path, title: str = ""
-                 ) -> plt.Figure:
-  """Writes the comparison figure of `groups` ({label: workdirs}) to `path`; returns the figure
-  (closed) so callers can inspect its panels."""
-  curves = {label: [run_curves(w) for w in workdirs] for label, workdirs in groups.items()}
+def compare_runs(groups: Mapping[str, Sequence[str | Path]], path: Path, title: str = "",
+                 min_len: int | None = None) -> plt.Figure:
+  """Writes the comparison figure of `groups` ({label: workdirs}) to `path` (BLEU of the searches
+  `run_curves` keeps for `min_len`); returns the figure (closed) so callers can inspect its panels."""
+  curves = {label: [run_curves(w, min_len) for w in workdirs] for label, workdirs in groups.items()}
   metrics = [m for m, _, _ in LOSS_METRICS if any(m in c for runs in curves.values() for c in runs)]
   for runs in curves.values():  # BLEU panels in the runs' own order (their dev split first)
     for run in runs:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import sentencepiece as spm
@@ -37,6 +38,7 @@ class SearchSettings:
   beam_size: int = 4
   alpha: float = 0.6
   max_extra_len: int = 50
+  min_len: int = 0  # tokens before EOS at least: 0 allows an empty translation, 1 forbids it
   nbest: int = 1
   sampling: bool = False
   temperature: float = 1.0
@@ -49,7 +51,7 @@ class SearchSettings:
   def from_config(cls, cfg: ml_collections.ConfigDict, **overrides: Any) -> SearchSettings:
     """The config's decode settings with the flags that were given (None = not given), checked."""
     settings = cls(beam_size=cfg.decode.beam_size, alpha=cfg.decode.alpha,
-                   max_extra_len=cfg.decode.max_extra_len,
+                   max_extra_len=cfg.decode.max_extra_len, min_len=cfg.decode.min_len,
                    tokens_per_batch=cfg.decode.tokens_per_batch)
     settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
     settings.check()
@@ -63,6 +65,9 @@ class SearchSettings:
       raise ConfigError(f"--alpha (the length-penalty exponent) must be >= 0, got {self.alpha:g}")
     if self.max_extra_len < 0:
       raise ConfigError(f"--max_extra_len must be >= 0, got {self.max_extra_len}")
+    if self.min_len < 0:
+      raise ConfigError(f"--min_len must be >= 0 (0 = an empty translation is allowed), got "
+                        f"{self.min_len}")
     if self.nbest < 1 or self.nbest > self.beam_size:
       raise ConfigError(f"--nbest must be between 1 and --beam_size ({self.beam_size}), got "
                         f"{self.nbest}: a beam of K keeps K hypotheses")
@@ -81,6 +86,8 @@ class SearchSettings:
   def describe(self) -> dict[str, Any]:
     """The settings that matter for this search (for reports and metrics)."""
     base = {"max_extra_len": self.max_extra_len}
+    if self.min_len:  # reports of the default search keep their keys
+      base["min_len"] = self.min_len
     if self.sampling:
       return {"search": "sample", "temperature": self.temperature, "top_k": self.top_k,
               "top_p": self.top_p, "seed": self.seed, **base}
@@ -100,14 +107,18 @@ class Translations:
 def _search_fn(models: Sequence[Transformer], settings: SearchSettings, decode_len: int,
                slots: int, forced_lengths: bool = False) -> Callable:
   """(params, src, limits, index) -> tokens [N, n, L], scores [N, n], log-probs [N, n] for a queue
-  of N sentences decoded `slots` at a time (`forced_lengths`: EOS forbidden before the limit)."""
+  of N sentences decoded `slots` at a time (`forced_lengths`: EOS forbidden before the limit, else
+  before `settings.min_len` tokens where the limit leaves room)."""
   def fn(params, src, limits, index):
+    # decode.py counts a minimum length with its EOS; min_len counts the tokens before it.
+    min_lengths = (limits if forced_lengths else
+                   jnp.minimum(limits, settings.min_len + 1) if settings.min_len else None)
     if settings.sampling:
       keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.key(settings.seed), index)
       tokens, log_probs = decode.sample(models, params, src, limits, decode_len, keys,
-                                        settings.temperature, settings.top_k, settings.top_p, slots)
+                                        settings.temperature, settings.top_k, settings.top_p, slots,
+                                        min_lengths)
       return tokens[:, None], log_probs[:, None], log_probs[:, None]
-    min_lengths = limits if forced_lengths else None
     if settings.beam_size == 1:
       tokens, log_probs = decode.greedy_search(models, params, src, limits, decode_len, slots,
                                                min_lengths)
