@@ -101,15 +101,22 @@ def add_significance(rows: list[dict[str, Any]], runs: Sequence[Any],
                      references: dict[str, Sequence[str]]) -> None:
   """row['<set>_p']: the paired bootstrap p-value of each run against the first variant's run of
   the same seed on that test set (the moving average's translations where both runs have them),
-  for the sets in `references`; None for the first variant and where translations are missing."""
+  for the sets in `references`, and row['<set>_delta']: the BLEU difference it tests; None for the
+  first variant and where translations are missing."""
   by_key = {(run.variant.name, run.seed): run for run in runs}
+  row_of = {(row["variant"], row["seed"]): row for row in rows}
   first = runs[0].variant.name if runs else None
   for row, run in zip(rows, runs):
     baseline = by_key.get((first, run.seed))
     for name, refs in references.items():
-      row[f"{name}_p"] = None
+      row[f"{name}_p"] = row[f"{name}_delta"] = None
       if baseline is None or baseline is run or name not in run.evals:
         continue
+      base_row = row_of[(first, run.seed)]
+      key = next((k for k in (f"{name}_ema_bleu", f"{name}_bleu")
+                  if row[k] is not None and base_row[k] is not None), None)
+      if key:
+        row[f"{name}_delta"] = row[key] - base_row[key]
       mine, theirs = run.evals[name], baseline.evals[name]
       both_ema = mine.ema_report.is_file() and theirs.ema_report.is_file()
       mine, theirs = (mine.ema_report, theirs.ema_report) if both_ema else (mine.report, theirs.report)
@@ -147,6 +154,15 @@ def metric_columns(test_set_names: Sequence[str], rows: Sequence[dict[str, Any]]
   return columns
 
 
+def format_difference(values: Sequence[float | None]) -> str:
+  """Signed mean (± sample standard deviation over seeds) of per-seed differences, '–' if none."""
+  summary = mean_std(values)
+  if summary is None:
+    return "–"
+  mean, std, n = summary
+  return f"{mean:+.2f}" if n == 1 else f"{mean:+.2f} ± {std:.2f}"
+
+
 def format_p_values(values: Sequence[float | None]) -> str:
   """Each seed's p-value, in seed order ('–' where there is none)."""
   shown = [f"{p:.3f}" for p in values if p is not None]
@@ -157,8 +173,9 @@ def markdown_table(rows: list[dict[str, Any]], grid: Grid) -> str:
   """Rows = variants, Table 3's columns; hyper-parameters equal to the first variant's left blank."""
   metrics = metric_columns(grid.test_sets, rows)
   tested = [name for name in ["dev", *grid.test_sets] if any(f"{name}_p" in r for r in rows)]
-  p_headers = [f"p vs {grid.variants[0].name} ({name})" for name in tested]
-  headers = ["", "variant", *HYPER_COLUMNS, *metrics, *p_headers, "params ×10⁶", "train min",
+  first = grid.variants[0].name
+  compared = [h for name in tested for h in (f"Δ vs {first} ({name})", f"p vs {first} ({name})")]
+  headers = ["", "variant", *HYPER_COLUMNS, *metrics, *compared, "params ×10⁶", "train min",
              "seeds"]
   lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
   reference = None
@@ -174,7 +191,9 @@ def markdown_table(rows: list[dict[str, Any]], grid: Grid) -> str:
     finished = [r for r in mine if r["finished"]]
     cells = [label, variant.name, *map(str, shown)]
     cells += [format_mean_std([r[key] for r in finished]) for key in metrics.values()]
-    cells += [format_p_values([r.get(f"{name}_p") for r in finished]) for name in tested]
+    for name in tested:
+      cells += [format_difference([r.get(f"{name}_delta") for r in finished]),
+                format_p_values([r.get(f"{name}_p") for r in finished])]
     cells += [f"{first['params'] / 1e6:.3g}",
               format_mean_std([r["train_sec"] / 60 for r in finished], digits=1),
               f"{len(finished)}/{len(mine)}"]
@@ -203,9 +222,11 @@ def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0) 
         "is sacreBLEU from transformer-eval (beam search, the config's decode settings"
         + (f" with --min_len={min_len}: no translation shorter than {min_len} token(s)" if min_len
            else "") + ") on the last "
-        "checkpoint (EMA: the same checkpoint's moving average of the parameters). 'p vs' is the "
-        "paired bootstrap p-value (sacreBLEU, 1,000 resamples of the sentences) of each seed's run "
-        "against the same seed of the first row, on the moving average's translations where both "
+        "checkpoint (EMA: the same checkpoint's moving average of the parameters). 'Δ vs' is each "
+        "seed's BLEU minus the same seed's first-row BLEU (the moving average's where both have "
+        "one), averaged over seeds (± their spread); 'p vs' is the paired bootstrap p-value "
+        "(sacreBLEU, 1,000 resamples of the sentences) of each seed's run against the same seed "
+        "of the first row, on the moving average's translations where both "
         "have them: below 0.05, that seed's difference is unlikely to be luck of the test sentences "
         "(the seed-to-seed spread is the ± beside the means). 'train min' is the wall-clock training "
         "time per run (compilation and checkpoints included; noisy on a shared machine). Blank "

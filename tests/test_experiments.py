@@ -206,7 +206,8 @@ def fake_rows():
              "params": 63e6, "dev_ppl": ppl[seed], "dev_bleu": bleu[seed],
              "train_sec": 60.0 * (seed + 1) if variant == "base" else 90.0,
              "eval_sec": 1.0, "dev_ema_bleu": bleu[seed] + 1.0,
-             "dev_p": None if variant == "base" else [0.001, 0.2, 0.04][seed]}
+             "dev_p": None if variant == "base" else [0.001, 0.2, 0.04][seed],
+             "dev_delta": None if variant == "base" else [-1.0, -1.0, -1.5][seed]}
       row.update({name: read(cfg, model) for name, read in results.HYPER_COLUMNS.items()})
       rows.append(row)
   return rows
@@ -227,7 +228,9 @@ def test_table_reports_mean_and_sample_std_and_blanks_unchanged_settings():
   assert learned[header.index("BLEU (dev)")] == "30.00 ± 1.00"
   assert learned[header.index("BLEU (dev, EMA)")] == "31.00 ± 1.00"
   assert learned[header.index("p vs base (dev)")] == "0.001 / 0.200 / 0.040"
-  assert base[header.index("p vs base (dev)")] == "–"
+  assert base[header.index("p vs base (dev)")] == "–" == base[header.index("Δ vs base (dev)")]
+  assert learned[header.index("Δ vs base (dev)")] == f"{-3.5 / 3:+.2f} ± {np.std([1, 1, 1.5], ddof=1):.2f}"
+  assert header.index("Δ vs base (dev)") + 1 == header.index("p vs base (dev)")
   assert base[header.index("seeds")] == "3/3"
   assert base[header.index("train min")] == "2.0 ± 1.0" and learned[header.index("train min")] == "1.5 ± 0.0"
 
@@ -311,10 +314,14 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
     hyps = [(runs[v] / "eval" / f"{stem}_step6.hyp.txt").read_text().split("\n")[:-1]
             for v in ("sinusoidal", "learned")]
     assert float(rows[1][f"{name}_p"]) == pytest.approx(significance.paired_bootstrap(*hyps, refs))
-    assert rows[0][f"{name}_p"] == ""
+    assert rows[0][f"{name}_p"] == "" == rows[0][f"{name}_delta"]
+    # The difference it tests: the moving average's BLEU where both runs have one.
+    key = f"{name}_ema_bleu" if rows[1][f"{name}_ema_bleu"] else f"{name}_bleu"
+    assert float(rows[1][f"{name}_delta"]) == pytest.approx(float(rows[1][key]) - float(rows[0][key]))
   table = (root / "results.md").read_text()
   assert "| BLEU (long) |" in table and "| learned |" in table and "2 of 2 runs finished" in table
-  assert "| p vs sinusoidal (dev) | p vs sinusoidal (long) |" in table
+  assert ("| Δ vs sinusoidal (dev) | p vs sinusoidal (dev) | Δ vs sinusoidal (long) "
+          "| p vs sinusoidal (long) |") in table
   for name in ("curves.png", "bleu.png"):
     assert matplotlib.image.imread(root / name).ndim == 3
   assert (root / "commands.sh").read_text().splitlines()[1:] == lines  # what --print_commands said
