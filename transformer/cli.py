@@ -144,18 +144,25 @@ def initialize_distributed() -> None:
 
 
 def run_program(program: str, main: Callable[[list[str]], None],
-                takes_arguments: bool = False) -> None:
+                takes_arguments: bool = False, compilation_cache: bool = True) -> None:
   """absl's app.run with one-line errors (module docstring), and our log set-up once absl has
   made its own. Positional arguments are a usage error unless the program `takes_arguments`.
 
   First of all, before JAX starts its backend, malloc is set to reuse XLA's per-call CPU
-  temporaries (host_memory.py).
+  temporaries (host_memory.py). Programs that run what they compile keep the executables in JAX's
+  persistent compilation cache (`--compilation_cache`), so a second run loads instead of compiling.
   """
   from transformer.host_memory import reuse_freed_memory
   reuse_freed_memory()
+  if compilation_cache:
+    flags.DEFINE_string("compilation_cache", default_cache_dir(), "Directory of JAX's persistent "
+                        "compilation cache (compiled programs reused by later runs; "
+                        "$JAX_COMPILATION_CACHE_DIR if set); '' turns it off.")
 
   def main_with_logging(argv: list[str]) -> None:
     setup_logging()
+    if compilation_cache:
+      use_compilation_cache(flags.FLAGS.compilation_cache)
     try:
       if len(argv) > 1 and not takes_arguments:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -167,6 +174,25 @@ def run_program(program: str, main: Callable[[list[str]], None],
       sys.exit(130)  # the shell's status for SIGINT
   show_flags_in_help(main.__module__)
   app.run(main_with_logging, flags_parser=flags_parser(program))
+
+
+def default_cache_dir() -> str:
+  if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    return os.environ["JAX_COMPILATION_CACHE_DIR"]
+  cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(cache_home, "transformer", "jax")
+
+
+def use_compilation_cache(directory: str) -> None:
+  """JAX's persistent compilation cache in `directory` ('' = off). Every program compiled for over
+  a second is kept: transformer-eval's decode compiles as long as it runs on a CPU."""
+  import jax
+  if not directory:
+    jax.config.update("jax_enable_compilation_cache", False)
+    return
+  jax.config.update("jax_compilation_cache_dir", directory)
+  if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
 def show_flags_in_help(module: str) -> None:

@@ -131,12 +131,17 @@ def logical_shardings(boxed_tree: Any, mesh: Mesh) -> Any:
 
 
 def with_mesh(fn: Callable, mesh: Mesh) -> Callable:
-  """`fn` (a jitted function) called with `mesh` set, so that the model's activation constraints
-  (`model.constrain`, a no-op without a mesh) bind while it is traced."""
+  """`fn` (a jitted function) called, or lowered (`.lower`), with `mesh` set, so that the model's
+  activation constraints (`model.constrain`, a no-op without a mesh) bind while it is traced."""
   @functools.wraps(fn)
   def call(*args, **kwargs):
     with jax.set_mesh(mesh):
       return fn(*args, **kwargs)
+
+  def lower(*args, **kwargs):  # ahead-of-time compilation (compile.py) binds the mesh the same way
+    with jax.set_mesh(mesh):
+      return fn.lower(*args, **kwargs)
+  call.lower = lower
   return call
 
 

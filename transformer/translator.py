@@ -104,7 +104,7 @@ class Translations:
   stats: dict[str, Any]  # sentences, truncated_sources, compile_sec, decode_sec, rates
 
 
-def _search_fn(models: Sequence[Transformer], settings: SearchSettings, decode_len: int,
+def search_fn(models: Sequence[Transformer], settings: SearchSettings, decode_len: int,
                slots: int, forced_lengths: bool = False) -> Callable:
   """(params, src, limits, index) -> tokens [N, n, L], scores [N, n], log-probs [N, n] for a queue
   of N sentences decoded `slots` at a time (`forced_lengths`: EOS forbidden before the limit, else
@@ -213,7 +213,7 @@ def search_ids(models: Transformer | Sequence[Transformer], params: Any,
       key = (length, queue, slots, decode_len, settings, output_lengths is not None)
       if key not in compiled_cache:
         t = time.time()
-        fn = jax.jit(_search_fn(models, settings, decode_len, slots, output_lengths is not None))
+        fn = jax.jit(search_fn(models, settings, decode_len, slots, output_lengths is not None))
         compiled_cache[key] = fn.lower(*args).compile()
         compile_time += time.time() - t
       t = time.time()

@@ -1,0 +1,462 @@
+"""Compile a run's programs for a TPU slice or GPU cluster this machine does not have, and say whether
+they fit, how they shard and how fast they could run.
+
+    transformer-compile --config=configs/wmt14_ende.py:big --topology=v5p-32
+    transformer-compile --config=configs/wmt14_ende.py:base --topology=8xH100 --mesh=8,1,1
+    transformer-compile --config=configs/wmt14_ende.py:big --topology=v5e-8 --search_mesh
+    transformer-compile --config=configs/wmt14_ende.py:big --topology=v5p-8 --max_batch
+
+Builds the programs exactly as training and evaluation do (step.jit_train_fns: the config's token
+budget, gradient accumulation, remat, scanned layers, mesh rules and donation; the validation loss
+step; beam search at decode.tokens_per_batch as transformer-eval runs it) for the devices of
+`--topology` (topologies.py), lowers them with abstract inputs and compiles them ahead of time:
+nothing is allocated or run, so no accelerator is needed. Per device it reports the parameter,
+optimizer and temporary bytes and the peak against the chip's HBM, FLOPs per step (counted in the
+compiled program, hlo.py, beside the analytic count of info.py and XLA's own cost analysis), HBM
+traffic, the collectives (kind, count, bytes) and a roofline bound on the step (roofline.py) with the
+tokens/s, MFU and hours to `train.steps` it implies. A program that does not fit ends the command
+with an error naming what would make it fit. `--output` writes everything as JSON.
+
+The train step is compiled at one length bucket (`--seq_len` tokens a side; training compiles one
+program per bucket, data.max_len the longest). On GPU topologies attention is XLA's: the cuDNN flash
+kernel, which `model.attention=auto` picks on a real GPU, cannot be compiled without cuDNN.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compiled for the topology, run nowhere: no device
+
+import dataclasses  # noqa: E402
+import functools  # noqa: E402
+import itertools  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import math  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import ml_collections  # noqa: E402
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from transformer import decode, hlo, partitioning, roofline, topologies, translator  # noqa: E402
+from transformer.cli import run_program  # noqa: E402
+from transformer.config import ConfigError, validate  # noqa: E402
+from transformer.data import batching  # noqa: E402
+from transformer.data.pipeline import BatchSpec  # noqa: E402
+from transformer.errors import UserError  # noqa: E402
+from transformer.info import training_flops_per_target_token  # noqa: E402
+from transformer.model import ModelConfig, Transformer, initial_params  # noqa: E402
+from transformer.step import dropout_key, eval_step, jit_train_fns  # noqa: E402
+
+FLAGS = flags.FLAGS
+log = logging.getLogger("transformer")
+GIB = topologies.GIB
+PROGRAMS = ("train", "eval", "beam")
+
+
+class DoesNotFit(UserError):
+  """A program needs more memory per device than the chip has; the message says what would help."""
+
+
+@dataclasses.dataclass
+class Target:
+  """What is compiled for: the topology, its devices and the mesh over them."""
+  topology: topologies.Topology
+  devices: list
+  mesh: jax.sharding.Mesh
+  chip: topologies.Chip  # per JAX device
+
+  @property
+  def devices_per_host(self) -> int:
+    return len(self.devices) // len({d.process_index for d in self.devices})
+
+
+def _abstract(shape: tuple[int, ...], dtype: Any, sharding: jax.sharding.Sharding
+              ) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+
+def _bytes_per_device(tree: Any) -> float:
+  """Bytes one device holds of a tree of sharded ShapeDtypeStructs."""
+  return float(sum(math.prod(x.sharding.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize
+                   for x in jax.tree.leaves(tree)))
+
+
+def _memory(compiled: jax.stages.Compiled) -> dict[str, float]:
+  stats = compiled.memory_analysis()
+  memory = {k: float(getattr(stats, f"{k}_size_in_bytes")) for k in
+            ("argument", "output", "alias", "temp", "generated_code")}
+  memory["peak"] = (memory["argument"] + memory["output"] - memory["alias"] + memory["temp"]
+                    + memory["generated_code"])
+  return memory
+
+
+def _compiled_report(name: str, compiled: jax.stages.Compiled, seconds: float, target: Target
+                     ) -> dict[str, Any]:
+  cost = compiled.cost_analysis() or {}
+  cost = cost[0] if isinstance(cost, list) else cost
+  stats = hlo.analyze(compiled.as_text(), len(target.devices), target.devices_per_host)
+  return {"program": name, "compile_sec": seconds, "memory": _memory(compiled),
+          "matmul_flops": stats.matmul_flops, "hbm_bytes": stats.hbm_bytes,
+          "kernels": stats.kernels, "loops": stats.loops, "collectives": stats.collectives,
+          "xla_cost_analysis": {"flops": cost.get("flops"), "bytes_accessed": cost.get("bytes accessed")},
+          "_stats": stats}
+
+
+def _timed_compile(lowered: jax.stages.Lowered) -> tuple[jax.stages.Compiled, float]:
+  t = time.time()
+  compiled = lowered.compile()
+  return compiled, time.time() - t
+
+
+def train_rows(cfg: ml_collections.ConfigDict, devices: int, seq_len: int) -> int:
+  """Rows of the training batch at `seq_len` tokens, as the input pipeline would make them."""
+  return BatchSpec.for_training(cfg, devices).global_rows(seq_len)
+
+
+def compile_train(cfg: ml_collections.ConfigDict, model: Transformer, target: Target, rows: int,
+                  seq_len: int) -> tuple[dict[str, Any], Any]:
+  """The train step (and the abstract state, for the eval step's parameters)."""
+  mesh = target.mesh
+  fns = jit_train_fns(cfg, model, mesh)
+  batch = {k: _abstract((rows, seq_len), jnp.int32, partitioning.batch_sharding(mesh))
+           for k in ("src", "tgt")}
+  if cfg.data.batching == "pack":
+    batch.update({k: _abstract((rows, seq_len), jnp.int32, partitioning.batch_sharding(mesh))
+                  for k in ("src_segments", "src_positions", "tgt_segments", "tgt_positions")})
+  replicated = partitioning.replicated(mesh)
+  rng = partitioning.with_sharding(jax.eval_shape(lambda: dropout_key(cfg)), replicated)
+  healthy = _abstract((), jnp.bool_, replicated)
+  compiled, seconds = _timed_compile(fns.step.lower(fns.abstract_state, batch, rng, healthy))
+  report = _compiled_report("train", compiled, seconds, target)
+  state = fns.abstract_state
+  report["memory"]["params"] = _bytes_per_device(state.params)
+  report["memory"]["optimizer"] = _bytes_per_device(state.opt_state)
+  report["memory"]["ema"] = _bytes_per_device(getattr(state, "ema_params", None))
+  return report, state
+
+
+def compile_eval(model: Transformer, target: Target, params: Any, rows: int, seq_len: int
+                 ) -> dict[str, Any]:
+  """The validation loss step, on the training layout of the parameters."""
+  mesh = target.mesh
+  step = partitioning.with_mesh(jax.jit(functools.partial(eval_step, model=model),
+                                        out_shardings=partitioning.replicated(mesh)), mesh)
+  batch = {k: _abstract((rows, seq_len), jnp.int32, partitioning.batch_sharding(mesh))
+           for k in ("src", "tgt")}
+  compiled, seconds = _timed_compile(step.lower(params, batch))
+  return _compiled_report("eval", compiled, seconds, target)
+
+
+def compile_beam(cfg: ml_collections.ConfigDict, model: Transformer, target: Target, params: Any,
+                 length: int) -> dict[str, Any]:
+  """Beam search as transformer-eval runs it: parameters replicated, one length bucket's queue."""
+  mesh = partitioning.data_mesh(target.devices)
+  settings = translator.SearchSettings.from_config(cfg)
+  slots = batching.rows_per_batch(settings.tokens_per_batch, length, mesh.size)
+  queue = slots * translator.QUEUE_BATCHES
+  decode_len = length + settings.max_extra_len
+  models, replicated = decode.as_ensemble(
+      model, partitioning.with_sharding(params, partitioning.replicated(mesh)))
+  fn = jax.jit(translator.search_fn(models, settings, decode_len, slots))
+  rows = partitioning.batch_sharding(mesh)
+  compiled, seconds = _timed_compile(fn.lower(replicated, _abstract((queue, length), jnp.int32, rows),
+                                              _abstract((queue,), jnp.int32, rows),
+                                              _abstract((queue,), jnp.int32, rows)))
+  report = _compiled_report("beam", compiled, seconds, target)
+  report["shape"] = {"sentences": queue, "slots": slots, "source_len": length,
+                     "decode_len": decode_len, "beam_size": settings.beam_size}
+  return report
+
+
+def make_target(cfg: ml_collections.ConfigDict, topology: topologies.Topology, devices: list
+                ) -> Target:
+  mesh = partitioning.make_mesh(cfg, cfg.data.vocab_size, devices=devices)
+  return Target(topology, devices, mesh, topologies.per_device(topology, len(devices)))
+
+
+def check(cfg: ml_collections.ConfigDict, topology: topologies.Topology, devices: list,
+          seq_len: int, programs: tuple[str, ...] = PROGRAMS) -> dict[str, Any]:
+  """Compiles `programs` of the run `cfg` describes for `devices`; returns the report."""
+  validate(cfg)
+  if topology.platform == "cuda" and cfg.model.attention == "cudnn":
+    raise ConfigError("config.model.attention='cudnn' cannot be compiled without cuDNN; use 'auto' "
+                      "or 'xla' (the prediction then assumes XLA's attention)")
+  target = make_target(cfg, topology, devices)
+  model = Transformer(ModelConfig.from_config(cfg.model, cfg.data.vocab_size))
+  rows = train_rows(cfg, len(devices), seq_len)
+  report: dict[str, Any] = {
+      "config": cfg.get("config_file", None), "topology": topology.name,
+      "jax_topology": topology.jax_name, "devices": len(devices),
+      "hosts": len(devices) // target.devices_per_host, "device_kind": devices[0].device_kind,
+      "mesh": dict(target.mesh.shape), "chip": dataclasses.asdict(target.chip),
+      "batch": {"rows": rows, "seq_len": seq_len, "target_tokens": rows * seq_len,
+                "grad_accum_steps": cfg.train.grad_accum_steps},
+      "model": {k: cfg.model[k] for k in ("num_layers", "d_model", "d_ff", "num_heads", "dtype",
+                                          "remat", "scan_layers")},
+      "attention": "xla" if topology.platform == "cuda" else "xla (TPU)", "programs": {},
+  }
+  log.info("Compiling for %s (%d devices, mesh %s): %d rows x %d tokens", topology.name,
+           len(devices), report["mesh"], rows, seq_len)
+  state = None
+  if "train" in programs or "eval" in programs:
+    train, state = compile_train(cfg, model, target, rows, seq_len)
+    if "train" in programs:
+      report["programs"]["train"] = train
+      _add_bound(report, train, cfg, model.config, target, rows, seq_len)
+  if "eval" in programs:
+    report["programs"]["eval"] = compile_eval(model, target, state.params, rows, seq_len)
+  if "beam" in programs:
+    params = state.params if state is not None else jax.eval_shape(
+        lambda: initial_params(model, jax.random.key(0)))
+    report["programs"]["beam"] = compile_beam(cfg, model, target, params, min(seq_len, 64))
+  hbm = target.chip.hbm_gib * GIB
+  for program in report["programs"].values():
+    program["fits"] = program["memory"]["peak"] <= hbm
+    program["headroom_bytes"] = hbm - program["memory"]["peak"]
+  return report
+
+
+def _add_bound(report: dict[str, Any], train: dict[str, Any], cfg: ml_collections.ConfigDict,
+               config: ModelConfig, target: Target, rows: int, seq_len: int) -> None:
+  flops = training_flops_per_target_token(config, seq_len, seq_len) * rows * seq_len
+  train["analytic_flops"] = flops / len(target.devices)
+  state = train["memory"]["params"] + train["memory"]["optimizer"] + train["memory"]["ema"]
+  train["bound"] = roofline.bound(train["_stats"], target.chip, train["analytic_flops"],
+                                  rows * seq_len, cfg.train.steps, state).as_dict()
+
+
+def fit_advice(report: dict[str, Any], cfg: ml_collections.ConfigDict) -> str:
+  """What would make the programs that do not fit fit, with the numbers that say why."""
+  hbm = report["chip"]["hbm_gib"] * GIB
+  lines = []
+  for name, program in report["programs"].items():
+    if program["fits"]:
+      continue
+    m = program["memory"]
+    state = m["argument"]
+    lines.append(f"{name}: needs {m['peak'] / GIB:.1f} GiB per device, the chip has "
+                 f"{hbm / GIB:.1f} GiB ({state / GIB:.1f} GiB arguments, {m['temp'] / GIB:.1f} GiB "
+                 "temporaries)")
+    if state > 0.5 * hbm or name == "train" and state > 0.3 * hbm:
+      lines.append("  the state is large: shard it with --config.mesh.fsdp=-1 --config.mesh.data=1 "
+                   "(parameters and Adam moments split over devices) or --config.mesh.tensor=N")
+    if name == "train" and m["temp"] > 0.3 * hbm:
+      k = 2 ** math.ceil(math.log2(max(2.0, m["temp"] / max(hbm - m["peak"] + m["temp"], 1.0))))
+      lines.append(f"  activations are large: --config.train.grad_accum_steps="
+                   f"{cfg.train.grad_accum_steps * k} (same update, 1/{k} of the rows at a time), "
+                   f"--config.model.remat=full, or a smaller --config.data.tokens_per_batch")
+    if name == "beam":
+      lines.append("  decode fewer sentences at a time: --config.decode.tokens_per_batch="
+                   f"{max(cfg.decode.tokens_per_batch // 2, 1)}")
+  return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ searches over runs
+
+def mesh_candidates(cfg: ml_collections.ConfigDict, devices: int, per_host: int
+                    ) -> list[tuple[int, int, int]]:
+  """(data, fsdp, tensor) splits worth compiling: tensor parallelism within a host only (its
+  collectives are per layer), fsdp over all or none of the rest or half of it, the divisibility
+  rules of partitioning.check_divisible met."""
+  found = []
+  for tensor in (t for t in (1, 2, 4, 8) if t <= per_host and devices % t == 0):
+    rest = devices // tensor
+    for fsdp in sorted({1, rest, max(rest // 2, 1)}):
+      shape = (rest // fsdp, fsdp, tensor)
+      try:
+        partitioning.check_divisible(cfg, shape, cfg.data.vocab_size)
+      except ConfigError:
+        continue
+      found.append(shape)
+  return found
+
+
+def with_mesh_shape(cfg: ml_collections.ConfigDict, shape: tuple[int, int, int]
+                    ) -> ml_collections.ConfigDict:
+  cfg = ml_collections.ConfigDict(cfg.to_dict())
+  cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = shape
+  return cfg
+
+
+def search_mesh(cfg: ml_collections.ConfigDict, topology: topologies.Topology, devices: list,
+                seq_len: int) -> list[dict[str, Any]]:
+  """The train step compiled on every candidate mesh; fitting ones first, fastest bound first."""
+  per_host = len(devices) // len({d.process_index for d in devices})
+  results = []
+  for shape in mesh_candidates(cfg, len(devices), per_host):
+    report = check(with_mesh_shape(cfg, shape), topology, devices, seq_len, ("train",))
+    train = report["programs"]["train"]
+    log.info("mesh %s: peak %.2f GiB per device, step >= %.1f ms (%s)%s", shape,
+             train["memory"]["peak"] / GIB, 1e3 * train["bound"]["step_s"],
+             train["bound"]["binding"], "" if train["fits"] else ", does not fit")
+    results.append(report)
+  results.sort(key=lambda r: (not r["programs"]["train"]["fits"],
+                              r["programs"]["train"]["bound"]["step_s"]))
+  return results
+
+
+def max_batch(cfg: ml_collections.ConfigDict, topology: topologies.Topology, devices: list,
+              seq_len: int) -> dict[str, Any]:
+  """The largest token budget whose train step fits: the peak measured at two budgets, the line
+  through them solved for the chip's HBM, then that budget compiled to confirm (halved until it
+  fits)."""
+  hbm = topologies.per_device(topology, len(devices)).hbm_gib * GIB
+  peaks = {}
+  for tokens in (cfg.data.tokens_per_batch, 2 * cfg.data.tokens_per_batch):
+    c = ml_collections.ConfigDict(cfg.to_dict())
+    c.data.tokens_per_batch = tokens
+    peaks[tokens] = check(c, topology, devices, seq_len, ("train",))["programs"]["train"]
+  (t0, r0), (t1, r1) = peaks.items()
+  slope = (r1["memory"]["peak"] - r0["memory"]["peak"]) / (t1 - t0)
+  guess = int(t0 + (hbm - r0["memory"]["peak"]) / slope) if slope > 0 else t1
+  while guess >= seq_len:
+    c = ml_collections.ConfigDict(cfg.to_dict())
+    c.data.tokens_per_batch = guess
+    train = check(c, topology, devices, seq_len, ("train",))["programs"]["train"]
+    if train["fits"]:
+      return {"tokens_per_batch": guess, "peak_bytes": train["memory"]["peak"],
+              "tokens_per_device": guess / len(devices), "hbm_bytes": hbm,
+              "bytes_per_token": slope, "bound": train.get("bound")}
+    guess = int(guess * hbm / train["memory"]["peak"] * 0.95)
+  raise DoesNotFit(f"not even one row of {seq_len} tokens fits on {topology.name}")
+
+
+# -------------------------------------------------------------------------------------- reporting
+
+def _gib(x: float) -> str:
+  return f"{x / GIB:.2f} GiB"
+
+
+def format_report(report: dict[str, Any]) -> str:
+  """The report as the terminal shows it."""
+  chip, batch = report["chip"], report["batch"]
+  lines = [f"{report['topology']} ({report['jax_topology']}): {report['devices']} x "
+           f"{report['device_kind']} in {report['hosts']} host(s); mesh "
+           + " x ".join(f"{k} {v}" for k, v in report["mesh"].items()),
+           f"per device: {chip['hbm_gib']:.1f} GiB HBM at {chip['hbm_gbps']:.0f} GB/s, "
+           f"{chip['peak_tflops']:.0f} TFLOP/s bf16, links {chip['link_gbps']:.0f} GB/s",
+           f"train batch: {batch['rows']} rows x {batch['seq_len']} tokens = "
+           f"{batch['target_tokens']:,} target tokens, {batch['grad_accum_steps']} micro-batch(es); "
+           f"attention: {report['attention']}"]
+  for name, p in report["programs"].items():
+    m = p["memory"]
+    verdict = (f"fits, {_gib(p['headroom_bytes'])} to spare" if p["fits"]
+               else f"DOES NOT FIT by {_gib(-p['headroom_bytes'])}")
+    lines.append(f"\n{name} (compiled in {p['compile_sec']:.0f} s): peak {_gib(m['peak'])} per "
+                 f"device, {verdict}")
+    state = ", ".join(f"{k} {_gib(m[k])}" for k in ("params", "optimizer", "ema") if m.get(k))
+    lines.append(f"  arguments {_gib(m['argument'])}{f' ({state})' if state else ''}, "
+                 f"temporaries {_gib(m['temp'])}, outputs {_gib(m['output'])} "
+                 f"({_gib(m['alias'])} of them in donated buffers)")
+    xla = p["xla_cost_analysis"]["flops"]
+    analytic = f", analytic {p['analytic_flops']:.3g}" if "analytic_flops" in p else ""
+    xla_text = f", XLA's cost analysis {xla:.3g} (loop bodies once)" if xla else ""
+    lines.append(f"  matmul FLOPs per device {p['matmul_flops']:.3g}{analytic}{xla_text}; "
+                 f"HBM traffic {_gib(p['hbm_bytes'])}; {p['kernels']:.0f} kernels"
+                 + (f"; loops {p['loops']}" if p["loops"] else ""))
+    collectives = ", ".join(f"{k} {c['count']:.0f}x {c['bytes'] / 2**20:.1f} MiB"
+                            for k, c in sorted(p["collectives"].items()))
+    lines.append(f"  collectives per device: {collectives or 'none'}")
+    if "bound" in p:
+      b = p["bound"]
+      lines.append(f"  step >= {1e3 * b['step_s']:.2f} ms, {b['binding']} bound (compute "
+                   f"{1e3 * b['compute_s']:.2f} ms, memory {1e3 * b['memory_s']:.2f} ms, "
+                   f"interconnect {1e3 * b['interconnect_s']:.2f} ms; all serial "
+                   f"{1e3 * b['serial_s']:.2f} ms)")
+      lines.append(f"  => at most {b['tokens_per_s']:,.0f} target tokens/s, MFU <= {b['mfu']:.0%}, "
+                   f"{b['hours']:.2f} h to {report['steps']:,} steps; compute binds from "
+                   f"~{b['compute_bound_tokens']:,.0f} target tokens per step")
+  return "\n".join(lines)
+
+
+def _public(report: Any) -> Any:
+  """The report without its internal objects (for JSON)."""
+  if isinstance(report, dict):
+    return {k: _public(v) for k, v in report.items() if not k.startswith("_")}
+  if isinstance(report, list):
+    return [_public(v) for v in report]
+  return report
+
+
+# ---------------------------------------------------------------------------------- command line
+
+def _mesh_flag(cfg: ml_collections.ConfigDict, value: str | None) -> ml_collections.ConfigDict:
+  if not value:
+    return cfg
+  try:
+    shape = tuple(int(v) for v in value.split(","))
+    assert len(shape) == 3
+  except (ValueError, AssertionError):
+    raise UserError(f"--mesh={value}: give data,fsdp,tensor sizes, e.g. --mesh=2,4,1 "
+                    "(-1 for one axis = the devices left)") from None
+  return with_mesh_shape(cfg, shape)
+
+
+def main(argv: list[str]) -> None:
+  if FLAGS.config is None or FLAGS.topology is None:
+    raise app.UsageError("pass --config=configs/wmt14_ende.py:big (or another config) and "
+                         f"--topology=NAME, one of {', '.join(topologies.TOPOLOGIES)}")
+  topology = topologies.lookup(FLAGS.topology)
+  cfg = _mesh_flag(FLAGS.config, FLAGS.mesh)
+  validate(cfg)
+  devices = topologies.devices(topology)
+  seq_len = FLAGS.seq_len
+  if seq_len < 1 or seq_len > cfg.data.max_len:
+    raise UserError(f"--seq_len must be between 1 and config.data.max_len ({cfg.data.max_len})")
+  result: dict[str, Any]
+  if FLAGS.max_batch:
+    result = max_batch(cfg, topology, devices, seq_len)
+    print(f"largest batch that fits on {topology.name}: {result['tokens_per_batch']:,} target "
+          f"tokens per step ({result['tokens_per_device']:,.0f} per device, peak "
+          f"{_gib(result['peak_bytes'])} of {_gib(result['hbm_bytes'])})")
+  else:
+    if FLAGS.search_mesh:
+      ranked = search_mesh(cfg, topology, devices, seq_len)
+      print("| mesh (data, fsdp, tensor) | fits | peak per device | step bound | binding |")
+      print("|---|---|---|---|---|")
+      for r in ranked:
+        t = r["programs"]["train"]
+        print(f"| {tuple(r['mesh'].values())} | {'yes' if t['fits'] else 'no'} | "
+              f"{_gib(t['memory']['peak'])} | {1e3 * t['bound']['step_s']:.2f} ms | "
+              f"{t['bound']['binding']} |")
+      best = ranked[0]
+      cfg = with_mesh_shape(cfg, tuple(best["mesh"].values()))
+    result = check(cfg, topology, devices, seq_len, tuple(FLAGS.programs))
+    result["steps"] = cfg.train.steps
+    if FLAGS.search_mesh:
+      result["mesh_search"] = [{"mesh": r["mesh"], **{k: r["programs"]["train"][k] for k in
+                                                      ("fits", "memory", "bound", "collectives")}}
+                               for r in ranked]
+    print(format_report(result))
+  if FLAGS.output:
+    with open(FLAGS.output, "w") as f:
+      json.dump(_public(result), f, indent=1, default=float)
+  if not FLAGS.max_batch and not all(p["fits"] for p in result["programs"].values()):
+    raise DoesNotFit("does not fit on " + topology.name + ":\n" + fit_advice(result, cfg))
+
+
+def run() -> None:
+  """Console-script entry point."""
+  config_flags.DEFINE_config_file("config", None, "Path to a get_config() file, e.g. "
+                                  "configs/wmt14_ende.py:big.")
+  flags.DEFINE_string("topology", None, "The slice or cluster to compile for: "
+                      + ", ".join(topologies.TOPOLOGIES) + ".")
+  flags.DEFINE_string("mesh", None, "data,fsdp,tensor devices (e.g. 1,8,1); default: config.mesh.")
+  flags.DEFINE_integer("seq_len", 64, "Tokens per row (source and target) of the compiled train "
+                       "and eval batches: one length bucket.")
+  flags.DEFINE_multi_enum("programs", list(PROGRAMS), PROGRAMS, "Programs to compile.")
+  flags.DEFINE_bool("search_mesh", False, "Compile the train step on every sensible (data, fsdp, "
+                    "tensor) split and rank them by the predicted step time; report the best.")
+  flags.DEFINE_bool("max_batch", False, "Find the largest token budget whose train step fits.")
+  flags.DEFINE_string("output", None, "Also write the report as JSON to this file.")
+  run_program("transformer-compile", main, compilation_cache=False)
+
+
+if __name__ == "__main__":
+  run()
