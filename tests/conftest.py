@@ -17,6 +17,9 @@ XLA_CACHE = tempfile.mkdtemp(prefix="transformer-tests-xla-cache-")
 os.environ["JAX_COMPILATION_CACHE_DIR"] = XLA_CACHE
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+# CPU only, even where JAX's CUDA plugin is installed (to compile for GPUs without one: it
+# initialises without a GPU only on a CPU-only JAX).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
 @pytest.fixture

@@ -41,6 +41,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 from absl import app, flags  # noqa: E402
+from jax.experimental.compilation_cache import compilation_cache  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from transformer import decode, hlo, partitioning, roofline, topologies, translator  # noqa: E402
@@ -109,8 +110,17 @@ def _compiled_report(name: str, compiled: jax.stages.Compiled, seconds: float, t
 
 
 def _timed_compile(lowered: jax.stages.Lowered) -> tuple[jax.stages.Compiled, float]:
+  """Compiles, bypassing JAX's persistent cache: an executable for devices this machine does not
+  have can be neither stored nor loaded."""
+  cached = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()  # JAX decides whether to use the cache once, then remembers
   t = time.time()
-  compiled = lowered.compile()
+  try:
+    compiled = lowered.compile()
+  finally:
+    jax.config.update("jax_enable_compilation_cache", cached)
+    compilation_cache.reset_cache()
   return compiled, time.time() - t
 
 
@@ -240,17 +250,17 @@ def fit_advice(report: dict[str, Any], cfg: ml_collections.ConfigDict) -> str:
       continue
     m = program["memory"]
     state = m["argument"]
-    lines.append(f"{name}: needs {m['peak'] / GIB:.1f} GiB per device, the chip has "
-                 f"{hbm / GIB:.1f} GiB ({state / GIB:.1f} GiB arguments, {m['temp'] / GIB:.1f} GiB "
-                 "temporaries)")
-    if state > 0.5 * hbm or name == "train" and state > 0.3 * hbm:
+    lines.append(f"{name}: needs {_size(m['peak'])} per device, the chip has {_size(hbm)} "
+                 f"({_size(state)} arguments, {_size(m['temp'])} temporaries)")
+    if state > 0.3 * hbm:
       lines.append("  the state is large: shard it with --config.mesh.fsdp=-1 --config.mesh.data=1 "
                    "(parameters and Adam moments split over devices) or --config.mesh.tensor=N")
-    if name == "train" and m["temp"] > 0.3 * hbm:
-      k = 2 ** math.ceil(math.log2(max(2.0, m["temp"] / max(hbm - m["peak"] + m["temp"], 1.0))))
-      lines.append(f"  activations are large: --config.train.grad_accum_steps="
-                   f"{cfg.train.grad_accum_steps * k} (same update, 1/{k} of the rows at a time), "
-                   f"--config.model.remat=full, or a smaller --config.data.tokens_per_batch")
+    room = hbm - (m["peak"] - m["temp"])  # what the temporaries may take
+    if name == "train" and room > 0:
+      k = 2 ** math.ceil(math.log2(max(2.0, m["temp"] / room)))
+      lines.append(f"  activations: --config.train.grad_accum_steps="
+                   f"{cfg.train.grad_accum_steps * k} (the same update, 1/{k} of the rows at a "
+                   "time), --config.model.remat=full, or a smaller --config.data.tokens_per_batch")
     if name == "beam":
       lines.append("  decode fewer sentences at a time: --config.decode.tokens_per_batch="
                    f"{max(cfg.decode.tokens_per_batch // 2, 1)}")
@@ -329,8 +339,8 @@ def max_batch(cfg: ml_collections.ConfigDict, topology: topologies.Topology, dev
 
 # -------------------------------------------------------------------------------------- reporting
 
-def _gib(x: float) -> str:
-  return f"{x / GIB:.2f} GiB"
+def _size(x: float) -> str:
+  return f"{x / GIB:.2f} GiB" if abs(x) >= GIB / 10 else f"{x / 2**20:.2f} MiB"
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -346,19 +356,19 @@ def format_report(report: dict[str, Any]) -> str:
            f"attention: {report['attention']}"]
   for name, p in report["programs"].items():
     m = p["memory"]
-    verdict = (f"fits, {_gib(p['headroom_bytes'])} to spare" if p["fits"]
-               else f"DOES NOT FIT by {_gib(-p['headroom_bytes'])}")
-    lines.append(f"\n{name} (compiled in {p['compile_sec']:.0f} s): peak {_gib(m['peak'])} per "
+    verdict = (f"fits, {_size(p['headroom_bytes'])} to spare" if p["fits"]
+               else f"DOES NOT FIT by {_size(-p['headroom_bytes'])}")
+    lines.append(f"\n{name} (compiled in {p['compile_sec']:.0f} s): peak {_size(m['peak'])} per "
                  f"device, {verdict}")
-    state = ", ".join(f"{k} {_gib(m[k])}" for k in ("params", "optimizer", "ema") if m.get(k))
-    lines.append(f"  arguments {_gib(m['argument'])}{f' ({state})' if state else ''}, "
-                 f"temporaries {_gib(m['temp'])}, outputs {_gib(m['output'])} "
-                 f"({_gib(m['alias'])} of them in donated buffers)")
+    state = ", ".join(f"{k} {_size(m[k])}" for k in ("params", "optimizer", "ema") if m.get(k))
+    lines.append(f"  arguments {_size(m['argument'])}{f' ({state})' if state else ''}, "
+                 f"temporaries {_size(m['temp'])}, outputs {_size(m['output'])} "
+                 f"({_size(m['alias'])} of them in donated buffers)")
     xla = p["xla_cost_analysis"]["flops"]
     analytic = f", analytic {p['analytic_flops']:.3g}" if "analytic_flops" in p else ""
     xla_text = f", XLA's cost analysis {xla:.3g} (loop bodies once)" if xla else ""
     lines.append(f"  matmul FLOPs per device {p['matmul_flops']:.3g}{analytic}{xla_text}; "
-                 f"HBM traffic {_gib(p['hbm_bytes'])}; {p['kernels']:.0f} kernels"
+                 f"HBM traffic {_size(p['hbm_bytes'])}; {p['kernels']:.0f} kernels"
                  + (f"; loops {p['loops']}" if p["loops"] else ""))
     collectives = ", ".join(f"{k} {c['count']:.0f}x {c['bytes'] / 2**20:.1f} MiB"
                             for k, c in sorted(p["collectives"].items()))
@@ -414,7 +424,7 @@ def main(argv: list[str]) -> None:
     result = max_batch(cfg, topology, devices, seq_len)
     print(f"largest batch that fits on {topology.name}: {result['tokens_per_batch']:,} target "
           f"tokens per step ({result['tokens_per_device']:,.0f} per device, peak "
-          f"{_gib(result['peak_bytes'])} of {_gib(result['hbm_bytes'])})")
+          f"{_size(result['peak_bytes'])} of {_size(result['hbm_bytes'])})")
   else:
     if FLAGS.search_mesh:
       ranked = search_mesh(cfg, topology, devices, seq_len)
@@ -423,7 +433,7 @@ def main(argv: list[str]) -> None:
       for r in ranked:
         t = r["programs"]["train"]
         print(f"| {tuple(r['mesh'].values())} | {'yes' if t['fits'] else 'no'} | "
-              f"{_gib(t['memory']['peak'])} | {1e3 * t['bound']['step_s']:.2f} ms | "
+              f"{_size(t['memory']['peak'])} | {1e3 * t['bound']['step_s']:.2f} ms | "
               f"{t['bound']['binding']} |")
       best = ranked[0]
       cfg = with_mesh_shape(cfg, tuple(best["mesh"].values()))

@@ -232,6 +232,11 @@ def _convolution_flops(ins: Instruction, lhs: list[int], kernel: list[int], out:
 
 
 def _group_size(ins: Instruction, devices: int) -> int:
+  """Devices in each of the collective's groups, from any of XLA's three ways to write them."""
+  mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", ins.attributes)
+  if mesh:
+    sizes = dict(re.findall(r"'([^']+)'=(\d+)", mesh.group(1)))
+    return math.prod(int(sizes[a]) for a in re.findall(r"'([^']+)'", mesh.group(2)) if a in sizes)
   iota = re.search(r"replica_groups=\[([\d,]+)\]<=", ins.attributes)
   if iota:
     return int(iota.group(1).split(",")[-1])
@@ -299,11 +304,11 @@ def analyze(text: str, devices: int, devices_per_host: int | None = None) -> Pro
     shapes = {ins.name: ins.shape for ins in computation.instructions}
     for ins in computation.instructions:
       flops += times * dot_flops(ins, shapes)
-      if name in inside_kernels:
+      kind = _collective_kind(ins.opcode)  # TPU fuses some collectives into kernels: count those too
+      if name in inside_kernels and not kind:
         continue
       if ins.opcode == "while":
         loops.append(_trip_count(ins, computations))
-      kind = _collective_kind(ins.opcode)
       if kind:
         entry = collectives.setdefault(kind, {"count": 0.0, "bytes": 0.0, "cross_host_bytes": 0.0})
         moved = times * collective_bytes(kind, ins, shapes, devices)

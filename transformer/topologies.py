@@ -28,6 +28,8 @@ import dataclasses
 import os
 from importlib import resources
 
+from transformer.errors import UserError
+
 GIB = 2 ** 30
 
 
@@ -80,15 +82,21 @@ def _gpus(chip: str, hosts: int) -> Topology:
 TOPOLOGIES = {t.name: t for t in [
     _tpu("v4", "2x2x1", 8), _tpu("v4", "2x2x2", 16), _tpu("v4", "2x2x4", 32),
     _tpu("v4", "2x4x4", 64), _tpu("v4", "4x4x4", 128),
-    _tpu("v5e", "2x4", 8), _tpu("v5e", "4x4", 16), _tpu("v5e", "16x16", 256),
+    _tpu("v5e", "2x2", 4), _tpu("v5e", "2x4", 8), _tpu("v5e", "4x4", 16), _tpu("v5e", "16x16", 256),
     _tpu("v5p", "2x2x1", 8), _tpu("v5p", "2x2x4", 32), _tpu("v5p", "4x4x4", 128),
     _tpu("v6e", "2x4", 8), _tpu("v6e", "16x16", 256),
     *(_gpus(chip, hosts) for chip in ("H100", "A100") for hosts in (1, 2, 4)),
 ]}
 
 
-class TopologyError(ValueError):
+class TopologyError(UserError, ValueError):
   """A topology that cannot be compiled for here; the message says what to do."""
+
+
+def cuda_compiler_installed() -> bool:
+  """Whether JAX's CUDA plugin (which compiles for GPUs, without one) is installed."""
+  import importlib.util
+  return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
 
 
 def lookup(name: str) -> Topology:
@@ -101,6 +109,7 @@ def devices(topology: Topology) -> list:
   """The JAX devices of `topology`, compiled for without the hardware."""
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # else libtpu looks for its hosts
   os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compiling only: no chip to share
   from jax.experimental import topologies
   try:
     if topology.platform == "tpu":
@@ -109,11 +118,15 @@ def devices(topology: Topology) -> list:
       spec = resources.files("transformer.gpu_specs").joinpath(GPU_SPECS[topology.chip]).read_text()
       desc = topologies.get_topology_desc(topology_name="", platform="cuda",
                                           topology=topology.jax_name, target_config=spec)
-  except (RuntimeError, ValueError, KeyError) as e:
-    extra = "'.[tpu]'" if topology.platform == "tpu" else "'.[gpu-compile]'"
-    raise TopologyError(f"cannot build the devices of {topology.name}: {str(e).splitlines()[0]}. "
-                        f"Compiling for it needs the compiler installed: pip install -e {extra}"
-                        ) from e
+  except (RuntimeError, ValueError, KeyError, NotImplementedError) as e:
+    if topology.platform == "tpu":
+      fix = "compiling for TPUs needs libtpu: pip install -e '.[tpu]'"
+    else:
+      fix = ("compiling for GPUs needs JAX's CUDA plugin of JAX's own version (pip install "
+             "\"jax-cuda12-plugin==$(python -c 'import jax; print(jax.__version__)')\"), and "
+             "JAX_PLATFORMS=cpu set before JAX starts")
+    raise TopologyError(f"cannot build the devices of {topology.name}: "
+                        f"{str(e).splitlines()[0]}; {fix}") from e
   return list(desc.devices)
 
 

@@ -1,0 +1,1 @@
+"""XLA GPU target descriptions (text protos from XLA's source tree) that topologies.py compiles for."""
