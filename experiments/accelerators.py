@@ -17,10 +17,10 @@ import json
 import sys
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 
 from transformer import compile as compile_lib
-from transformer import topologies
+from transformer import compile_report, topologies
 from transformer.cli import run_program
 
 FLAGS = flags.FLAGS
@@ -51,7 +51,7 @@ def run_cell(config: str, topology_name: str, mesh: str | None, seq_len: int) ->
   report = compile_lib.check(cfg, topology, devices, seq_len, ("train",))
   report["steps"] = cfg.train.steps
   report["config"] = config
-  return compile_lib._public(report)
+  return compile_report.public(report)
 
 
 def table(reports: list[dict]) -> str:

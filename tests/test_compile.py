@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from transformer import compile as compile_lib
-from transformer import hlo, roofline, topologies
+from transformer import compile_report, hlo, roofline, topologies
 from transformer.config import base_config
 
 libtpu = pytest.importorskip("libtpu", reason="the TPU compiler: pip install -e '.[tpu]'")
@@ -127,13 +127,13 @@ def test_a_config_that_does_not_fit_names_the_remedies(devices):
   # a chip with room for the state and half the temporaries: accumulation over 2 micro-batches
   report["chip"]["hbm_gib"] = (memory["peak"] - memory["temp"] / 2) / topologies.GIB
   train["fits"] = False
-  advice = compile_lib.fit_advice(report, cfg)
+  advice = compile_report.fit_advice(report, cfg)
   assert advice.startswith("train: needs ") and "MiB per device, the chip has" in advice
   assert "grad_accum_steps=2 " in advice and "remat=full" in advice
   assert "fsdp" in advice  # the tiny model's state is most of its memory
   # no room even for the state: accumulation cannot help, sharding the state can
   report["chip"]["hbm_gib"] = (memory["peak"] - memory["temp"]) / 2 / topologies.GIB
-  advice = compile_lib.fit_advice(report, cfg)
+  advice = compile_report.fit_advice(report, cfg)
   assert "grad_accum_steps" not in advice and "--config.mesh.fsdp=-1" in advice
 
 

@@ -28,31 +28,31 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compiled for the topology, run nowhere: no device
 
-import dataclasses  # noqa: E402
-import functools  # noqa: E402
-import itertools  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import math  # noqa: E402
-import time  # noqa: E402
-from typing import Any  # noqa: E402
+import dataclasses
+import functools
+import json
+import logging
+import math
+import time
+from typing import Any
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import ml_collections  # noqa: E402
-from absl import app, flags  # noqa: E402
-from jax.experimental.compilation_cache import compilation_cache  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+import jax
+import jax.numpy as jnp
+import ml_collections
+from absl import app, flags
+from jax.experimental.compilation_cache import compilation_cache
+from ml_collections import config_flags
 
-from transformer import decode, hlo, partitioning, roofline, topologies, translator  # noqa: E402
-from transformer.cli import run_program  # noqa: E402
-from transformer.config import ConfigError, validate  # noqa: E402
-from transformer.data import batching  # noqa: E402
-from transformer.data.pipeline import BatchSpec  # noqa: E402
-from transformer.errors import UserError  # noqa: E402
-from transformer.info import training_flops_per_target_token  # noqa: E402
-from transformer.model import ModelConfig, Transformer, initial_params  # noqa: E402
-from transformer.step import dropout_key, eval_step, jit_train_fns  # noqa: E402
+from transformer import decode, hlo, partitioning, roofline, topologies, translator
+from transformer.cli import run_program
+from transformer.compile_report import fit_advice, format_report, public, size
+from transformer.config import ConfigError, validate
+from transformer.data import batching
+from transformer.data.pipeline import BatchSpec
+from transformer.errors import UserError
+from transformer.info import training_flops_per_target_token
+from transformer.model import ModelConfig, Transformer, initial_params
+from transformer.step import dropout_key, eval_step, jit_train_fns
 
 FLAGS = flags.FLAGS
 log = logging.getLogger("transformer")
@@ -241,32 +241,6 @@ def _add_bound(report: dict[str, Any], train: dict[str, Any], cfg: ml_collection
                                   rows * seq_len, cfg.train.steps, state).as_dict()
 
 
-def fit_advice(report: dict[str, Any], cfg: ml_collections.ConfigDict) -> str:
-  """What would make the programs that do not fit fit, with the numbers that say why."""
-  hbm = report["chip"]["hbm_gib"] * GIB
-  lines = []
-  for name, program in report["programs"].items():
-    if program["fits"]:
-      continue
-    m = program["memory"]
-    state = m["argument"]
-    lines.append(f"{name}: needs {_size(m['peak'])} per device, the chip has {_size(hbm)} "
-                 f"({_size(state)} arguments, {_size(m['temp'])} temporaries)")
-    if state > 0.3 * hbm:
-      lines.append("  the state is large: shard it with --config.mesh.fsdp=-1 --config.mesh.data=1 "
-                   "(parameters and Adam moments split over devices) or --config.mesh.tensor=N")
-    room = hbm - (m["peak"] - m["temp"])  # what the temporaries may take
-    if name == "train" and room > 0:
-      k = 2 ** math.ceil(math.log2(max(2.0, m["temp"] / room)))
-      lines.append(f"  activations: --config.train.grad_accum_steps="
-                   f"{cfg.train.grad_accum_steps * k} (the same update, 1/{k} of the rows at a "
-                   "time), --config.model.remat=full, or a smaller --config.data.tokens_per_batch")
-    if name == "beam":
-      lines.append("  decode fewer sentences at a time: --config.decode.tokens_per_batch="
-                   f"{max(cfg.decode.tokens_per_batch // 2, 1)}")
-  return "\n".join(lines)
-
-
 # ------------------------------------------------------------------------------ searches over runs
 
 def mesh_candidates(cfg: ml_collections.ConfigDict, devices: int, per_host: int
@@ -337,63 +311,6 @@ def max_batch(cfg: ml_collections.ConfigDict, topology: topologies.Topology, dev
   raise DoesNotFit(f"not even one row of {seq_len} tokens fits on {topology.name}")
 
 
-# -------------------------------------------------------------------------------------- reporting
-
-def _size(x: float) -> str:
-  return f"{x / GIB:.2f} GiB" if abs(x) >= GIB / 10 else f"{x / 2**20:.2f} MiB"
-
-
-def format_report(report: dict[str, Any]) -> str:
-  """The report as the terminal shows it."""
-  chip, batch = report["chip"], report["batch"]
-  lines = [f"{report['topology']} ({report['jax_topology']}): {report['devices']} x "
-           f"{report['device_kind']} in {report['hosts']} host(s); mesh "
-           + " x ".join(f"{k} {v}" for k, v in report["mesh"].items()),
-           f"per device: {chip['hbm_gib']:.1f} GiB HBM at {chip['hbm_gbps']:.0f} GB/s, "
-           f"{chip['peak_tflops']:.0f} TFLOP/s bf16, links {chip['link_gbps']:.0f} GB/s",
-           f"train batch: {batch['rows']} rows x {batch['seq_len']} tokens = "
-           f"{batch['target_tokens']:,} target tokens, {batch['grad_accum_steps']} micro-batch(es); "
-           f"attention: {report['attention']}"]
-  for name, p in report["programs"].items():
-    m = p["memory"]
-    verdict = (f"fits, {_size(p['headroom_bytes'])} to spare" if p["fits"]
-               else f"DOES NOT FIT by {_size(-p['headroom_bytes'])}")
-    lines.append(f"\n{name} (compiled in {p['compile_sec']:.0f} s): peak {_size(m['peak'])} per "
-                 f"device, {verdict}")
-    state = ", ".join(f"{k} {_size(m[k])}" for k in ("params", "optimizer", "ema") if m.get(k))
-    lines.append(f"  arguments {_size(m['argument'])}{f' ({state})' if state else ''}, "
-                 f"temporaries {_size(m['temp'])}, outputs {_size(m['output'])} "
-                 f"({_size(m['alias'])} of them in donated buffers)")
-    xla = p["xla_cost_analysis"]["flops"]
-    analytic = f", analytic {p['analytic_flops']:.3g}" if "analytic_flops" in p else ""
-    xla_text = f", XLA's cost analysis {xla:.3g} (loop bodies once)" if xla else ""
-    lines.append(f"  matmul FLOPs per device {p['matmul_flops']:.3g}{analytic}{xla_text}; "
-                 f"HBM traffic {_size(p['hbm_bytes'])}; {p['kernels']:.0f} kernels"
-                 + (f"; loops {p['loops']}" if p["loops"] else ""))
-    collectives = ", ".join(f"{k} {c['count']:.0f}x {c['bytes'] / 2**20:.1f} MiB"
-                            for k, c in sorted(p["collectives"].items()))
-    lines.append(f"  collectives per device: {collectives or 'none'}")
-    if "bound" in p:
-      b = p["bound"]
-      lines.append(f"  step >= {1e3 * b['step_s']:.2f} ms, {b['binding']} bound (compute "
-                   f"{1e3 * b['compute_s']:.2f} ms, memory {1e3 * b['memory_s']:.2f} ms, "
-                   f"interconnect {1e3 * b['interconnect_s']:.2f} ms; all serial "
-                   f"{1e3 * b['serial_s']:.2f} ms)")
-      lines.append(f"  => at most {b['tokens_per_s']:,.0f} target tokens/s, MFU <= {b['mfu']:.0%}, "
-                   f"{b['hours']:.2f} h to {report['steps']:,} steps; compute binds from "
-                   f"~{b['compute_bound_tokens']:,.0f} target tokens per step")
-  return "\n".join(lines)
-
-
-def _public(report: Any) -> Any:
-  """The report without its internal objects (for JSON)."""
-  if isinstance(report, dict):
-    return {k: _public(v) for k, v in report.items() if not k.startswith("_")}
-  if isinstance(report, list):
-    return [_public(v) for v in report]
-  return report
-
-
 # ---------------------------------------------------------------------------------- command line
 
 def _mesh_flag(cfg: ml_collections.ConfigDict, value: str | None) -> ml_collections.ConfigDict:
@@ -424,7 +341,7 @@ def main(argv: list[str]) -> None:
     result = max_batch(cfg, topology, devices, seq_len)
     print(f"largest batch that fits on {topology.name}: {result['tokens_per_batch']:,} target "
           f"tokens per step ({result['tokens_per_device']:,.0f} per device, peak "
-          f"{_size(result['peak_bytes'])} of {_size(result['hbm_bytes'])})")
+          f"{size(result['peak_bytes'])} of {size(result['hbm_bytes'])})")
   else:
     if FLAGS.search_mesh:
       ranked = search_mesh(cfg, topology, devices, seq_len)
@@ -433,7 +350,7 @@ def main(argv: list[str]) -> None:
       for r in ranked:
         t = r["programs"]["train"]
         print(f"| {tuple(r['mesh'].values())} | {'yes' if t['fits'] else 'no'} | "
-              f"{_size(t['memory']['peak'])} | {1e3 * t['bound']['step_s']:.2f} ms | "
+              f"{size(t['memory']['peak'])} | {1e3 * t['bound']['step_s']:.2f} ms | "
               f"{t['bound']['binding']} |")
       best = ranked[0]
       cfg = with_mesh_shape(cfg, tuple(best["mesh"].values()))
@@ -446,7 +363,7 @@ def main(argv: list[str]) -> None:
     print(format_report(result))
   if FLAGS.output:
     with open(FLAGS.output, "w") as f:
-      json.dump(_public(result), f, indent=1, default=float)
+      json.dump(public(result), f, indent=1, default=float)
   if not FLAGS.max_batch and not all(p["fits"] for p in result["programs"].values()):
     raise DoesNotFit("does not fit on " + topology.name + ":\n" + fit_advice(result, cfg))
 

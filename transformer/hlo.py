@@ -14,8 +14,9 @@ wrote one, else the bound its loop condition compares with), and
     all-gather and all-to-all (n-1)/n of the result, reduce-scatter (n-1)/n of the input, a
     collective-permute its whole buffer (n = the size of its replica group);
   * HBM traffic counts, for every kernel (each top-level instruction outside fused computations),
-    its operands read once and its result written once: a floor that ignores cache reuse and
-    in-place updates.
+    its operands read once and its result written once, leaving out arrays the compiler placed in
+    on-chip memory (a TPU core's VMEM): no cache reuse is modelled, and an in-place update counts
+    its whole buffer, so this is an estimate, not a floor.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ NO_KERNEL = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "
 
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
-_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\](\{[^}]*\})?")
 _CALLEE = re.compile(r"\b(calls|body|condition|to_apply|branch_computations|true_computation|"
                      r"false_computation)=(?:\{([^}]*)\}|%?([\w.\-]+))")
 
@@ -111,14 +112,17 @@ def parse(text: str) -> dict[str, Computation]:
   return computations
 
 
-def array_dims(shape: str) -> list[tuple[str, list[int]]]:
-  """(dtype, dims) of every array in a shape text (one, or the elements of a tuple)."""
-  return [(dtype, [int(d) for d in dims.split(",") if d]) for dtype, dims in _ARRAY.findall(shape)
-          if dtype in DTYPE_BYTES]
+def array_dims(shape: str, hbm_only: bool = False) -> list[tuple[str, list[int]]]:
+  """(dtype, dims) of every array in a shape text (one, or the elements of a tuple); with
+  `hbm_only`, not those whose layout puts them in another memory space (`S(1)`: a TPU core's
+  on-chip memory)."""
+  return [(dtype, [int(d) for d in dims.split(",") if d])
+          for dtype, dims, layout in _ARRAY.findall(shape)
+          if dtype in DTYPE_BYTES and not (hbm_only and re.search(r"S\([1-9]", layout))]
 
 
-def shape_bytes(shape: str) -> float:
-  return sum(DTYPE_BYTES[dtype] * math.prod(dims) for dtype, dims in array_dims(shape))
+def shape_bytes(shape: str, hbm_only: bool = False) -> float:
+  return sum(DTYPE_BYTES[dtype] * math.prod(dims) for dtype, dims in array_dims(shape, hbm_only))
 
 
 def _trip_count(instruction: Instruction, computations: dict[str, Computation]) -> int:
@@ -318,6 +322,6 @@ def analyze(text: str, devices: int, devices_per_host: int | None = None) -> Pro
           entry["cross_host_bytes"] += moved
       elif ins.opcode not in NO_KERNEL and not ins.opcode.endswith("-done"):
         kernels += times
-        hbm += times * (shape_bytes(ins.shape)
-                        + sum(shape_bytes(s) for s in _operand_shapes(ins, shapes)))
+        hbm += times * (shape_bytes(ins.shape, hbm_only=True)
+                        + sum(shape_bytes(s, hbm_only=True) for s in _operand_shapes(ins, shapes)))
   return ProgramStats(flops, hbm, kernels, collectives, loops)
