@@ -8,7 +8,8 @@ GPU clusters (transformer-compile's `check`, no hardware), one JSON per cell and
 Each cell compiles the train step at the config's 25k-token batch on the config's mesh (data parallel
 unless `--mesh` says otherwise) and records fit, peak memory per device, the step-time bound and
 what it implies; `--max_batch` cells add the largest token budget that fits. The table is rebuilt from
-the JSON files already in `--out` (a cell is compiled only once; delete its file to redo it).
+every JSON cell in `--out` (a cell is compiled only once; delete its file to redo it), so cells
+added by later commands join the same table.
 """
 
 from __future__ import annotations
@@ -74,7 +75,6 @@ def table(reports: list[dict]) -> str:
 def main(argv: list[str]) -> None:
   out = Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
-  reports = []
   for config in FLAGS.configs:
     for topology in FLAGS.topologies:
       path = out / f"{cell_name(config, topology, FLAGS.mesh)}.json"
@@ -82,7 +82,9 @@ def main(argv: list[str]) -> None:
         print(f"compiling {config} for {topology}", file=sys.stderr, flush=True)
         path.write_text(json.dumps(run_cell(config, topology, FLAGS.mesh, FLAGS.seq_len),
                                    indent=1, default=float))
-      reports.append(json.loads(path.read_text()))
+  reports = [json.loads(p.read_text()) for p in sorted(out.glob("wmt*__*.json"))]
+  order = {name: i for i, name in enumerate(topologies.TOPOLOGIES)}
+  reports.sort(key=lambda r: (r["config"], order.get(r["topology"], 0), tuple(r["mesh"].values())))
   text = table(reports)
   (out / "table.md").write_text(text + "\n")
   print(text)

@@ -2,6 +2,7 @@
 each sharding strategy, checked against what the strategy must do; the HLO reader against programs
 whose FLOPs and collectives are known by hand; the fit check and its advice."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -222,3 +223,31 @@ def test_roofline_names_the_binding_term():
   assert b.binding == "interconnect" and b.step_s == pytest.approx(0.02)
   assert b.mfu == pytest.approx(0.5) and b.hours == pytest.approx(0.02)
   assert b.compute_bound_tokens == pytest.approx(2000)  # compute (10 us/token) reaches 20 ms
+
+
+def test_compiler_refusal_becomes_advice():
+  message = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+             "temporaries (41.97G) exceeds available HBM (15.75G).")
+  advice = compile_report.oom_advice("train", message, tiny_config())
+  assert advice.startswith("train: the compiler says: Ran out of memory on HBM")
+  assert "--config.train.grad_accum_steps=4 " in advice  # 41.97 / 15.75 = 2.7 -> 4 micro-batches
+  beam = compile_report.oom_advice("beam", message, tiny_config())
+  assert "--config.decode.tokens_per_batch=64" in beam  # 256 / 4
+
+
+def test_mesh_search_ranks_the_splits_that_fit(devices):
+  ranked = compile_lib.search_mesh(tiny_config(), V5E_4, devices, 16)
+  assert {r["mesh"] for r in ranked} == set(compile_lib.mesh_candidates(tiny_config(), 4, 4))
+  steps = [r["bound"]["step_s"] for r in ranked]
+  assert all(r["fits"] for r in ranked) and steps == sorted(steps)
+
+
+def test_max_batch_finds_a_budget_that_fits_and_twice_it_does_not(devices, monkeypatch):
+  small = dataclasses.replace(topologies.CHIPS["v5e"], hbm_gib=0.02)  # 20 MiB chips
+  monkeypatch.setitem(topologies.CHIPS, "v5e", small)
+  result = compile_lib.max_batch(tiny_config(), V5E_4, devices, 16)
+  assert result["peak_bytes"] <= 0.02 * topologies.GIB
+  twice = tiny_config()
+  twice.data.tokens_per_batch = 2 * result["tokens_per_batch"]
+  report = compile_lib.check(twice, V5E_4, devices, 16, ("train",))
+  assert not report["programs"]["train"]["fits"]

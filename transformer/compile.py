@@ -45,7 +45,7 @@ from ml_collections import config_flags
 
 from transformer import decode, hlo, partitioning, roofline, topologies, translator
 from transformer.cli import run_program
-from transformer.compile_report import fit_advice, format_report, public, size
+from transformer.compile_report import fit_advice, format_report, oom_advice, public, size
 from transformer.config import ConfigError, validate
 from transformer.data import batching
 from transformer.data.pipeline import BatchSpec
@@ -109,15 +109,21 @@ def _compiled_report(name: str, compiled: jax.stages.Compiled, seconds: float, t
           "_stats": stats}
 
 
-def _timed_compile(lowered: jax.stages.Lowered) -> tuple[jax.stages.Compiled, float]:
+def _timed_compile(lowered: jax.stages.Lowered, name: str, cfg: ml_collections.ConfigDict
+                   ) -> tuple[jax.stages.Compiled, float]:
   """Compiles, bypassing JAX's persistent cache: an executable for devices this machine does not
-  have can be neither stored nor loaded."""
+  have can be neither stored nor loaded. The TPU compiler refuses a program far too big for the
+  chip: that is DoesNotFit, with what would help."""
   cached = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
   compilation_cache.reset_cache()  # JAX decides whether to use the cache once, then remembers
   t = time.time()
   try:
     compiled = lowered.compile()
+  except jax.errors.JaxRuntimeError as e:
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    raise DoesNotFit(oom_advice(name, str(e), cfg)) from None
   finally:
     jax.config.update("jax_enable_compilation_cache", cached)
     compilation_cache.reset_cache()
@@ -142,7 +148,8 @@ def compile_train(cfg: ml_collections.ConfigDict, model: Transformer, target: Ta
   replicated = partitioning.replicated(mesh)
   rng = partitioning.with_sharding(jax.eval_shape(lambda: dropout_key(cfg)), replicated)
   healthy = _abstract((), jnp.bool_, replicated)
-  compiled, seconds = _timed_compile(fns.step.lower(fns.abstract_state, batch, rng, healthy))
+  compiled, seconds = _timed_compile(fns.step.lower(fns.abstract_state, batch, rng, healthy),
+                                     "train", cfg)
   report = _compiled_report("train", compiled, seconds, target)
   state = fns.abstract_state
   report["memory"]["params"] = _bytes_per_device(state.params)
@@ -151,15 +158,15 @@ def compile_train(cfg: ml_collections.ConfigDict, model: Transformer, target: Ta
   return report, state
 
 
-def compile_eval(model: Transformer, target: Target, params: Any, rows: int, seq_len: int
-                 ) -> dict[str, Any]:
+def compile_eval(cfg: ml_collections.ConfigDict, model: Transformer, target: Target, params: Any,
+                 rows: int, seq_len: int) -> dict[str, Any]:
   """The validation loss step, on the training layout of the parameters."""
   mesh = target.mesh
   step = partitioning.with_mesh(jax.jit(functools.partial(eval_step, model=model),
                                         out_shardings=partitioning.replicated(mesh)), mesh)
   batch = {k: _abstract((rows, seq_len), jnp.int32, partitioning.batch_sharding(mesh))
            for k in ("src", "tgt")}
-  compiled, seconds = _timed_compile(step.lower(params, batch))
+  compiled, seconds = _timed_compile(step.lower(params, batch), "eval", cfg)
   return _compiled_report("eval", compiled, seconds, target)
 
 
@@ -175,9 +182,9 @@ def compile_beam(cfg: ml_collections.ConfigDict, model: Transformer, target: Tar
       model, partitioning.with_sharding(params, partitioning.replicated(mesh)))
   fn = jax.jit(translator.search_fn(models, settings, decode_len, slots))
   rows = partitioning.batch_sharding(mesh)
-  compiled, seconds = _timed_compile(fn.lower(replicated, _abstract((queue, length), jnp.int32, rows),
-                                              _abstract((queue,), jnp.int32, rows),
-                                              _abstract((queue,), jnp.int32, rows)))
+  lowered = fn.lower(replicated, _abstract((queue, length), jnp.int32, rows),
+                     _abstract((queue,), jnp.int32, rows), _abstract((queue,), jnp.int32, rows))
+  compiled, seconds = _timed_compile(lowered, "beam", cfg)
   report = _compiled_report("beam", compiled, seconds, target)
   report["shape"] = {"sentences": queue, "slots": slots, "source_len": length,
                      "decode_len": decode_len, "beam_size": settings.beam_size}
@@ -220,7 +227,8 @@ def check(cfg: ml_collections.ConfigDict, topology: topologies.Topology, devices
       report["programs"]["train"] = train
       _add_bound(report, train, cfg, model.config, target, rows, seq_len)
   if "eval" in programs:
-    report["programs"]["eval"] = compile_eval(model, target, state.params, rows, seq_len)
+    report["programs"]["eval"] = compile_eval(cfg, model, target, state.params, rows,
+                                               seq_len)
   if "beam" in programs:
     params = state.params if state is not None else jax.eval_shape(
         lambda: initial_params(model, jax.random.key(0)))
@@ -272,43 +280,62 @@ def search_mesh(cfg: ml_collections.ConfigDict, topology: topologies.Topology, d
                 seq_len: int) -> list[dict[str, Any]]:
   """The train step compiled on every candidate mesh; fitting ones first, fastest bound first."""
   per_host = len(devices) // len({d.process_index for d in devices})
-  results = []
+  rows = []
   for shape in mesh_candidates(cfg, len(devices), per_host):
-    report = check(with_mesh_shape(cfg, shape), topology, devices, seq_len, ("train",))
-    train = report["programs"]["train"]
-    log.info("mesh %s: peak %.2f GiB per device, step >= %.1f ms (%s)%s", shape,
-             train["memory"]["peak"] / GIB, 1e3 * train["bound"]["step_s"],
-             train["bound"]["binding"], "" if train["fits"] else ", does not fit")
-    results.append(report)
-  results.sort(key=lambda r: (not r["programs"]["train"]["fits"],
-                              r["programs"]["train"]["bound"]["step_s"]))
-  return results
+    try:
+      train = check(with_mesh_shape(cfg, shape), topology, devices, seq_len,
+                    ("train",))["programs"]["train"]
+      row = {"mesh": shape, "fits": train["fits"], "peak_bytes": train["memory"]["peak"],
+             "bound": train["bound"], "collectives": train["collectives"]}
+    except DoesNotFit as e:  # refused by the compiler
+      row = {"mesh": shape, "fits": False, "peak_bytes": None, "bound": None, "refused": str(e)}
+    log.info("mesh %s: %s", shape, "refused by the compiler" if row["bound"] is None else
+             f"peak {size(row['peak_bytes'])}, step >= {1e3 * row['bound']['step_s']:.1f} ms "
+             f"({row['bound']['binding']}){'' if row['fits'] else ', does not fit'}")
+    rows.append(row)
+  rows.sort(key=lambda r: (not r["fits"], r["bound"]["step_s"] if r["bound"] else float("inf")))
+  return rows
+
+
+def _fitting_peak(cfg: ml_collections.ConfigDict, tokens: int, topology: topologies.Topology,
+                  devices: list, seq_len: int) -> float | None:
+  """The train step's peak bytes per device at `tokens` per batch, None if it does not fit."""
+  c = ml_collections.ConfigDict(cfg.to_dict())
+  c.data.tokens_per_batch = tokens
+  try:
+    train = check(c, topology, devices, seq_len, ("train",))["programs"]["train"]
+  except DoesNotFit:
+    return None
+  return train["memory"]["peak"] if train["fits"] else None
 
 
 def max_batch(cfg: ml_collections.ConfigDict, topology: topologies.Topology, devices: list,
               seq_len: int) -> dict[str, Any]:
-  """The largest token budget whose train step fits: the peak measured at two budgets, the line
-  through them solved for the chip's HBM, then that budget compiled to confirm (halved until it
-  fits)."""
+  """The largest token budget whose train step fits: the peak at the config's budget (halved until
+  it fits) and at half of that, the line through them solved for the chip's HBM, and that budget
+  compiled to confirm (moved back towards the known fit until it does, four tries)."""
   hbm = topologies.per_device(topology, len(devices)).hbm_gib * GIB
-  peaks = {}
-  for tokens in (cfg.data.tokens_per_batch, 2 * cfg.data.tokens_per_batch):
-    c = ml_collections.ConfigDict(cfg.to_dict())
-    c.data.tokens_per_batch = tokens
-    peaks[tokens] = check(c, topology, devices, seq_len, ("train",))["programs"]["train"]
-  (t0, r0), (t1, r1) = peaks.items()
-  slope = (r1["memory"]["peak"] - r0["memory"]["peak"]) / (t1 - t0)
-  guess = int(t0 + (hbm - r0["memory"]["peak"]) / slope) if slope > 0 else t1
-  while guess >= seq_len:
-    c = ml_collections.ConfigDict(cfg.to_dict())
-    c.data.tokens_per_batch = guess
-    train = check(c, topology, devices, seq_len, ("train",))["programs"]["train"]
-    if train["fits"]:
-      return {"tokens_per_batch": guess, "peak_bytes": train["memory"]["peak"],
-              "tokens_per_device": guess / len(devices), "hbm_bytes": hbm,
-              "bytes_per_token": slope, "bound": train.get("bound")}
-    guess = int(guess * hbm / train["memory"]["peak"] * 0.95)
-  raise DoesNotFit(f"not even one row of {seq_len} tokens fits on {topology.name}")
+  peak = functools.partial(_fitting_peak, cfg, topology=topology, devices=devices, seq_len=seq_len)
+  t1 = cfg.data.tokens_per_batch
+  p1 = peak(t1)
+  while p1 is None:
+    t1 //= 2
+    if t1 < seq_len * len(devices):
+      raise DoesNotFit(f"not even one row of {seq_len} tokens per device fits on {topology.name}")
+    p1 = peak(t1)
+  t0 = t1 // 2
+  p0 = peak(t0) or 0.0
+  slope = (p1 - p0) / (t1 - t0)
+  best, best_peak = t1, p1
+  guess = int(t1 + (hbm - p1) / slope) if slope > 0 else 2 * t1
+  for _ in range(4):
+    found = peak(guess)
+    if found is not None:
+      best, best_peak = guess, found
+      break
+    guess = int(best + 0.7 * (guess - best))
+  return {"tokens_per_batch": best, "tokens_per_device": best / len(devices),
+          "peak_bytes": best_peak, "hbm_bytes": hbm, "bytes_per_token": slope}
 
 
 # ---------------------------------------------------------------------------------- command line
@@ -348,18 +375,17 @@ def main(argv: list[str]) -> None:
       print("| mesh (data, fsdp, tensor) | fits | peak per device | step bound | binding |")
       print("|---|---|---|---|---|")
       for r in ranked:
-        t = r["programs"]["train"]
-        print(f"| {tuple(r['mesh'].values())} | {'yes' if t['fits'] else 'no'} | "
-              f"{size(t['memory']['peak'])} | {1e3 * t['bound']['step_s']:.2f} ms | "
-              f"{t['bound']['binding']} |")
-      best = ranked[0]
-      cfg = with_mesh_shape(cfg, tuple(best["mesh"].values()))
+        b = r["bound"]
+        print(f"| {r['mesh']} | {'yes' if r['fits'] else 'no'} | "
+              + (f"{size(r['peak_bytes'])} | {1e3 * b['step_s']:.2f} ms | {b['binding']} |" if b
+                 else "refused by the compiler | | |"))
+      if not ranked[0]["fits"]:
+        raise DoesNotFit(f"no mesh fits on {topology.name}; see the table above")
+      cfg = with_mesh_shape(cfg, ranked[0]["mesh"])
     result = check(cfg, topology, devices, seq_len, tuple(FLAGS.programs))
     result["steps"] = cfg.train.steps
     if FLAGS.search_mesh:
-      result["mesh_search"] = [{"mesh": r["mesh"], **{k: r["programs"]["train"][k] for k in
-                                                      ("fits", "memory", "bound", "collectives")}}
-                               for r in ranked]
+      result["mesh_search"] = ranked
     print(format_report(result))
   if FLAGS.output:
     with open(FLAGS.output, "w") as f:

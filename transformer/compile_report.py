@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import ml_collections
@@ -51,8 +52,11 @@ def format_report(report: dict[str, Any]) -> str:
                    f"interconnect {1e3 * b['interconnect_s']:.2f} ms; all serial "
                    f"{1e3 * b['serial_s']:.2f} ms)")
       lines.append(f"  => at most {b['tokens_per_s']:,.0f} target tokens/s, MFU <= {b['mfu']:.0%}, "
-                   f"{b['hours']:.2f} h to {report['steps']:,} steps; compute binds from "
-                   f"~{b['compute_bound_tokens']:,.0f} target tokens per step")
+                   f"{b['hours']:.2f} h to {report['steps']:,} steps")
+      lines.append(f"  compute binds from ~{b['compute_bound_tokens']:,.0f} target tokens per step"
+                   if b["compute_bound_tokens"] != float("inf") else
+                   "  no batch makes the step compute-bound: its HBM traffic grows with the tokens "
+                   "as fast as its FLOPs (fewer bytes per token would)")
   return "\n".join(lines)
 
 
@@ -80,12 +84,24 @@ def fit_advice(report: dict[str, Any], cfg: ml_collections.ConfigDict) -> str:
       lines.append("  the state is large: shard it with --config.mesh.fsdp=-1 --config.mesh.data=1 "
                    "(parameters and Adam moments split over devices) or --config.mesh.tensor=N")
     room = hbm - (m["peak"] - m["temp"])  # what the temporaries may take
-    if name == "train" and room > 0:
-      k = 2 ** math.ceil(math.log2(max(2.0, m["temp"] / room)))
-      lines.append(f"  activations: --config.train.grad_accum_steps="
-                   f"{cfg.train.grad_accum_steps * k} (the same update, 1/{k} of the rows at a "
-                   "time), --config.model.remat=full, or a smaller --config.data.tokens_per_batch")
-    if name == "beam":
-      lines.append("  decode fewer sentences at a time: --config.decode.tokens_per_batch="
-                   f"{max(cfg.decode.tokens_per_batch // 2, 1)}")
+    if room > 0:
+      lines += _remedies(name, cfg, 2 ** math.ceil(math.log2(max(2.0, m["temp"] / room))))
   return "\n".join(lines)
+
+
+def _remedies(name: str, cfg: ml_collections.ConfigDict, k: int) -> list[str]:
+  if name == "beam":
+    return ["  decode fewer sentences at a time: --config.decode.tokens_per_batch="
+            f"{max(cfg.decode.tokens_per_batch // k, 1)}"]
+  return [f"  activations: --config.train.grad_accum_steps={cfg.train.grad_accum_steps * k} (the "
+          f"same update, 1/{k} of the rows at a time), --config.model.remat=full, or a smaller "
+          "--config.data.tokens_per_batch"]
+
+
+def oom_advice(name: str, message: str, cfg: ml_collections.ConfigDict) -> str:
+  """What would help a program the TPU compiler refused as too big for HBM ('RESOURCE_EXHAUSTED:
+  ... required for HLO temporaries (41.97G) exceeds available HBM (15.75G)')."""
+  sizes = [float(x) for x in re.findall(r"\(([\d.]+)G\)", message)]
+  reason = message.split("RESOURCE_EXHAUSTED: ")[-1].splitlines()[0]
+  k = 2 ** math.ceil(math.log2(sizes[0] / sizes[1])) if len(sizes) >= 2 and sizes[1] else 2
+  return "\n".join([f"{name}: the compiler says: {reason}", *_remedies(name, cfg, k)])

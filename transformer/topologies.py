@@ -75,8 +75,9 @@ def _tpu(chip: str, shape: str, per_name: int) -> Topology:
   return Topology(f"{chip}-{per_name}", chip, "tpu", f"{chip}:{shape}", chips)
 
 
-def _gpus(chip: str, hosts: int) -> Topology:
-  return Topology(f"{8 * hosts}x{chip}", chip, "cuda", f"1x{hosts}x8", 8 * hosts)
+def _gpus(chip: str, hosts: int, per_host: int = 8) -> Topology:
+  return Topology(f"{per_host * hosts}x{chip}", chip, "cuda", f"1x{hosts}x{per_host}",
+                  per_host * hosts)
 
 
 TOPOLOGIES = {t.name: t for t in [
@@ -86,6 +87,7 @@ TOPOLOGIES = {t.name: t for t in [
     _tpu("v5p", "2x2x1", 8), _tpu("v5p", "2x2x4", 32), _tpu("v5p", "4x4x4", 128),
     _tpu("v6e", "2x4", 8), _tpu("v6e", "16x16", 256),
     *(_gpus(chip, hosts) for chip in ("H100", "A100") for hosts in (1, 2, 4)),
+    _gpus("H100", 1, per_host=1), _gpus("A100", 1, per_host=1),
 ]}
 
 
