@@ -150,14 +150,19 @@ def test_train_resume_and_evaluate(tmp_path):
 def test_console_scripts_explain_themselves():
   """`transformer-<program> --help` (the installed console scripts) shows the program's usage and
   its flags, though the script is not the module that defines them."""
-  for script, expected in (("transformer-eval", "--average_last: Average the parameters"),
-                           ("transformer-attention", "--source: The source sentence.")):
+  for script, expected, usage in (
+      ("transformer-eval", "--average_last: Average the parameters", "--workdir=runs/m30k"),
+      ("transformer-attention", "--source: The source sentence.", "--workdir=runs/m30k"),
+      ("transformer-compile", "--topology: The slice or cluster to compile for",
+       "--config=configs/wmt14_ende.py:big --topology=v5p-32")):
     out = subprocess.run([shutil.which(script), "--help"], capture_output=True, text=True,
                          env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert expected in out.stdout, out.stdout + out.stderr[-2000:]
-    assert f"{script} --workdir=runs/m30k" in out.stdout
-    assert "--progress: <auto|bar|lines|off>" in out.stdout or script == "transformer-attention"
+    assert f"{script} {usage}" in out.stdout
+    assert "--progress: <auto|bar|lines|off>" in out.stdout or script != "transformer-eval"
+    # programs that run what they compile keep it in JAX's persistent cache; compile runs nothing
+    assert ("--compilation_cache:" in out.stdout) == (script != "transformer-compile")
 
 
 def test_info_prints_counts_and_flops():

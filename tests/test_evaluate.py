@@ -231,3 +231,19 @@ def test_averaging_a_run_with_a_moving_average_averages_both(trained, tmp_path):
     each = [load_run(workdir, step=s).params(ema) for s in (3, 6)]
     for g, a, b in zip(*(jax.tree.leaves(t) for t in (got, *each))):
       np.testing.assert_allclose(g, (a + b) / 2, rtol=1e-6, atol=1e-7)
+
+
+def test_programs_keep_compiled_searches_in_the_persistent_cache(trained, tmp_path):
+  """--compilation_cache: the first evaluation stores its compiled searches, a second one loads
+  them (no new entries), and '' turns the cache off."""
+  _, workdir = trained
+  cache = tmp_path / "xla_cache"
+  args = ("transformer.evaluate", f"--workdir={workdir}", "--beam_size=2", "--noema")
+  first = run_cli(*args, f"--compilation_cache={cache}")
+  assert first.returncode == 0, first.stderr[-3000:]
+  stored = sorted(p.name for p in cache.iterdir())
+  assert any("search" in name or "fn" in name for name in stored), stored
+  second = run_cli(*args, f"--compilation_cache={cache}")
+  assert second.returncode == 0 and sorted(p.name for p in cache.iterdir()) == stored
+  off = run_cli(*args, "--compilation_cache=")
+  assert off.returncode == 0, off.stderr[-3000:]
