@@ -189,6 +189,9 @@ def test_loop_bodies_count_as_often_as_they_run():
   stats = hlo.analyze(_compiled_text(f, x, w), 1)
   assert stats.matmul_flops == 10 * 2 * 64 * 128 * 128
   assert stats.loops == [10]
+  # the heaviest kernel is the loop body's matmul, run 10 times: 10 x (x, w and the result)
+  assert stats.top_kernels[0]["op"].endswith("dot_general")
+  assert stats.top_kernels[0]["bytes"] == 10 * 4 * (64 * 128 + 128 * 128 + 64 * 128)
 
 
 def test_tpu_batched_matmuls_written_as_convolutions_count_real_work(devices):
@@ -215,7 +218,8 @@ def test_collective_bytes_follow_the_ring_algorithm(devices):
 def test_roofline_names_the_binding_term():
   stats = hlo.ProgramStats(matmul_flops=1e12, hbm_bytes=1e9, kernels=10,
                            collectives={"all-reduce": {"count": 1, "bytes": 4e9,
-                                                       "cross_host_bytes": 0.0}}, loops=[])
+                                                       "cross_host_bytes": 0.0}}, loops=[],
+                           top_kernels=[])
   chip = topologies.Chip("x", peak_tflops=100.0, hbm_gib=16, hbm_gbps=1000.0, link_gbps=400.0,
                          cross_host_gbps=400.0)
   b = roofline.bound(stats, chip, 1e12, tokens_per_step=1000, steps=3600, state_bytes_per_device=0)

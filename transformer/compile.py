@@ -105,6 +105,7 @@ def _compiled_report(name: str, compiled: jax.stages.Compiled, seconds: float, t
   return {"program": name, "compile_sec": seconds, "memory": _memory(compiled),
           "matmul_flops": stats.matmul_flops, "hbm_bytes": stats.hbm_bytes,
           "kernels": stats.kernels, "loops": stats.loops, "collectives": stats.collectives,
+          "top_kernels": stats.top_kernels,
           "xla_cost_analysis": {"flops": cost.get("flops"), "bytes_accessed": cost.get("bytes accessed")},
           "_stats": stats}
 
@@ -384,6 +385,8 @@ def main(argv: list[str]) -> None:
       cfg = with_mesh_shape(cfg, ranked[0]["mesh"])
     result = check(cfg, topology, devices, seq_len, tuple(FLAGS.programs))
     result["steps"] = cfg.train.steps
+    result["config"] = config_flags.get_config_filename(FLAGS["config"])
+    result["overrides"] = config_flags.get_override_values(FLAGS["config"])
     if FLAGS.search_mesh:
       result["mesh_search"] = ranked
     print(format_report(result))

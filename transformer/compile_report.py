@@ -42,9 +42,18 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append(f"  matmul FLOPs per device {p['matmul_flops']:.3g}{analytic}{xla_text}; "
                  f"HBM traffic {size(p['hbm_bytes'])}; {p['kernels']:.0f} kernels"
                  + (f"; loops {p['loops']}" if p["loops"] else ""))
+    if None in p["loops"]:
+      lines.append("  (None: a loop that runs until the data says stop, e.g. the search's steps; its "
+                   "body is counted once, so these figures are per decoding step)")
     collectives = ", ".join(f"{k} {c['count']:.0f}x {c['bytes'] / 2**20:.1f} MiB"
                             for k, c in sorted(p["collectives"].items()))
     lines.append(f"  collectives per device: {collectives or 'none'}")
+    if name == "train":
+      share = sum(k["bytes"] for k in p["top_kernels"]) / max(p["hbm_bytes"], 1.0)
+      lines.append(f"  the {len(p['top_kernels'])} kernels with the most HBM traffic "
+                   f"({share:.0%} of it):")
+      lines += [f"    {size(k['bytes'])}  {k['opcode']} {k['shape']}  {k['op']}"
+                for k in p["top_kernels"]]
     if "bound" in p:
       b = p["bound"]
       lines.append(f"  step >= {1e3 * b['step_s']:.2f} ms, {b['binding']} bound (compute "

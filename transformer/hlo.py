@@ -125,9 +125,10 @@ def shape_bytes(shape: str, hbm_only: bool = False) -> float:
   return sum(DTYPE_BYTES[dtype] * math.prod(dims) for dtype, dims in array_dims(shape, hbm_only))
 
 
-def _trip_count(instruction: Instruction, computations: dict[str, Computation]) -> int:
+def _trip_count(instruction: Instruction, computations: dict[str, Computation]) -> int | None:
   """How often a `while` runs its body: XLA's known_trip_count, else the constant its condition
-  compares the counter with (loops JAX and the SPMD partitioner write count up from 0)."""
+  compares the counter with (loops JAX and the SPMD partitioner write count up from 0); None for a
+  loop whose end depends on the data (a search's)."""
   known = re.search(r'"known_trip_count":\{"n":"(\d+)"', instruction.attributes)
   if known:
     return int(known.group(1))
@@ -143,7 +144,7 @@ def _trip_count(instruction: Instruction, computations: dict[str, Computation]) 
         constants.add(int(ins.arguments))
       todo += [c for _, c in _callees(ins)]
   values = [c for c in constants if c > 1]
-  return max(values) if values else 1
+  return max(values) if values else None
 
 
 def _callees(instruction: Instruction) -> list[tuple[str, str]]:
@@ -167,7 +168,8 @@ def multipliers(computations: dict[str, Computation]) -> tuple[dict[str, float],
       for role, callee in _callees(ins):
         if callee not in computations:
           continue
-        factor = _trip_count(ins, computations) if ins.opcode == "while" and role == "body" else 1
+        factor = (_trip_count(ins, computations) or 1) if ins.opcode == "while" and role == "body" \
+            else 1
         if ins.opcode == "fusion" or role == "to_apply" or name in inside_kernels:
           inside_kernels.add(callee)
         runs[callee] += runs[name] * factor
@@ -285,7 +287,8 @@ class ProgramStats:
   hbm_bytes: float
   kernels: float
   collectives: dict[str, dict[str, float]]  # kind -> {'count', 'bytes', 'cross_host_bytes'}
-  loops: list[int]                          # trip counts of the program's while loops
+  top_kernels: list[dict]  # the kernels with the most HBM traffic: bytes, opcode, shape, JAX op
+  loops: list[int | None]  # trip counts of the program's while loops (None: data-dependent, counted once)
 
   @property
   def collective_bytes(self) -> float:
@@ -300,7 +303,7 @@ def analyze(text: str, devices: int, devices_per_host: int | None = None) -> Pro
   runs, inside_kernels = multipliers(computations)
   flops = hbm = kernels = 0.0
   collectives: dict[str, dict[str, float]] = {}
-  loops = []
+  loops, traffic = [], []
   for name, computation in computations.items():
     times = runs.get(name, 0.0)
     if not times:
@@ -322,6 +325,21 @@ def analyze(text: str, devices: int, devices_per_host: int | None = None) -> Pro
           entry["cross_host_bytes"] += moved
       elif ins.opcode not in NO_KERNEL and not ins.opcode.endswith("-done"):
         kernels += times
-        hbm += times * (shape_bytes(ins.shape, hbm_only=True)
-                        + sum(shape_bytes(s, hbm_only=True) for s in _operand_shapes(ins, shapes)))
-  return ProgramStats(flops, hbm, kernels, collectives, loops)
+        moved = times * (shape_bytes(ins.shape, hbm_only=True)
+                         + sum(shape_bytes(s, hbm_only=True) for s in _operand_shapes(ins, shapes)))
+        hbm += moved
+        traffic.append((moved, ins))
+  traffic.sort(key=lambda t: -t[0])
+  top = [{"bytes": moved, "opcode": ins.opcode, "shape": re.sub(r"\{[^}]*\}", "", ins.shape)[:80],
+          "op": _op_name(ins)} for moved, ins in traffic[:TOP_KERNELS]]
+  return ProgramStats(matmul_flops=flops, hbm_bytes=hbm, kernels=kernels, collectives=collectives,
+                      top_kernels=top, loops=loops)
+
+
+TOP_KERNELS = 8
+
+
+def _op_name(ins: Instruction) -> str:
+  """The JAX operation a kernel came from (XLA keeps it as metadata), without the jit prefixes."""
+  found = re.search(r'op_name="([^"]*)"', ins.attributes)
+  return re.sub(r"^(jit\([^)]*\)/)+", "", found.group(1))[-90:] if found else ""
