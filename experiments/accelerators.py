@@ -46,7 +46,7 @@ def cell_name(config: str, topology: str, mesh: str | None) -> str:
 
 
 def run_cell(config: str, topology_name: str, mesh: str | None, seq_len: int) -> dict:
-  cfg = compile_lib._mesh_flag(load_config(config), mesh)
+  cfg = compile_lib.with_mesh_flag(load_config(config), mesh)
   topology = topologies.lookup(topology_name)
   devices = topologies.devices(topology)
   report = compile_lib.check(cfg, topology, devices, seq_len, ("train",))

@@ -52,7 +52,7 @@ from transformer.data.pipeline import BatchSpec
 from transformer.errors import UserError
 from transformer.info import training_flops_per_target_token
 from transformer.model import ModelConfig, Transformer, initial_params
-from transformer.step import dropout_key, eval_step, jit_train_fns
+from transformer.step import PACKING_KEYS, dropout_key, jit_eval_step, jit_train_fns
 
 FLAGS = flags.FLAGS
 log = logging.getLogger("transformer")
@@ -74,7 +74,7 @@ class Target:
 
   @property
   def devices_per_host(self) -> int:
-    return len(self.devices) // len({d.process_index for d in self.devices})
+    return topologies.devices_per_host(self.devices)
 
 
 def _abstract(shape: tuple[int, ...], dtype: Any, sharding: jax.sharding.Sharding
@@ -145,7 +145,7 @@ def compile_train(cfg: ml_collections.ConfigDict, model: Transformer, target: Ta
            for k in ("src", "tgt")}
   if cfg.data.batching == "pack":
     batch.update({k: _abstract((rows, seq_len), jnp.int32, partitioning.batch_sharding(mesh))
-                  for k in ("src_segments", "src_positions", "tgt_segments", "tgt_positions")})
+                  for k in PACKING_KEYS})
   replicated = partitioning.replicated(mesh)
   rng = partitioning.with_sharding(jax.eval_shape(lambda: dropout_key(cfg)), replicated)
   healthy = _abstract((), jnp.bool_, replicated)
@@ -163,8 +163,7 @@ def compile_eval(cfg: ml_collections.ConfigDict, model: Transformer, target: Tar
                  rows: int, seq_len: int) -> dict[str, Any]:
   """The validation loss step, on the training layout of the parameters."""
   mesh = target.mesh
-  step = partitioning.with_mesh(jax.jit(functools.partial(eval_step, model=model),
-                                        out_shardings=partitioning.replicated(mesh)), mesh)
+  step = jit_eval_step(model, mesh)
   batch = {k: _abstract((rows, seq_len), jnp.int32, partitioning.batch_sharding(mesh))
            for k in ("src", "tgt")}
   compiled, seconds = _timed_compile(step.lower(params, batch), "eval", cfg)
@@ -178,9 +177,9 @@ def compile_beam(cfg: ml_collections.ConfigDict, model: Transformer, target: Tar
   settings = translator.SearchSettings.from_config(cfg)
   slots = batching.rows_per_batch(settings.tokens_per_batch, length, mesh.size)
   queue = slots * translator.QUEUE_BATCHES
-  decode_len = length + settings.max_extra_len
   models, replicated = decode.as_ensemble(
       model, partitioning.with_sharding(params, partitioning.replicated(mesh)))
+  decode_len = translator.decode_length(models, length, settings)
   fn = jax.jit(translator.search_fn(models, settings, decode_len, slots))
   rows = partitioning.batch_sharding(mesh)
   lowered = fn.lower(replicated, _abstract((queue, length), jnp.int32, rows),
@@ -280,9 +279,8 @@ def with_mesh_shape(cfg: ml_collections.ConfigDict, shape: tuple[int, int, int]
 def search_mesh(cfg: ml_collections.ConfigDict, topology: topologies.Topology, devices: list,
                 seq_len: int) -> list[dict[str, Any]]:
   """The train step compiled on every candidate mesh; fitting ones first, fastest bound first."""
-  per_host = len(devices) // len({d.process_index for d in devices})
   rows = []
-  for shape in mesh_candidates(cfg, len(devices), per_host):
+  for shape in mesh_candidates(cfg, len(devices), topologies.devices_per_host(devices)):
     try:
       train = check(with_mesh_shape(cfg, shape), topology, devices, seq_len,
                     ("train",))["programs"]["train"]
@@ -341,7 +339,7 @@ def max_batch(cfg: ml_collections.ConfigDict, topology: topologies.Topology, dev
 
 # ---------------------------------------------------------------------------------- command line
 
-def _mesh_flag(cfg: ml_collections.ConfigDict, value: str | None) -> ml_collections.ConfigDict:
+def with_mesh_flag(cfg: ml_collections.ConfigDict, value: str | None) -> ml_collections.ConfigDict:
   if not value:
     return cfg
   try:
@@ -358,7 +356,7 @@ def main(argv: list[str]) -> None:
     raise app.UsageError("pass --config=configs/wmt14_ende.py:big (or another config) and "
                          f"--topology=NAME, one of {', '.join(topologies.TOPOLOGIES)}")
   topology = topologies.lookup(FLAGS.topology)
-  cfg = _mesh_flag(FLAGS.config, FLAGS.mesh)
+  cfg = with_mesh_flag(FLAGS.config, FLAGS.mesh)
   validate(cfg)
   devices = topologies.devices(topology)
   seq_len = FLAGS.seq_len

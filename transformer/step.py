@@ -289,3 +289,10 @@ def jit_train_fns(cfg: ml_collections.ConfigDict, model: Transformer,
 
 def eval_step(params: Any, batch: dict[str, jax.Array], *, model: Transformer) -> dict[str, jax.Array]:
   return loss_sums(forward(model.apply, params, batch), batch["tgt"], smoothing=0.0)
+
+
+def jit_eval_step(model: Transformer, mesh: jax.sharding.Mesh) -> Callable:
+  """`eval_step` compiled for parameters laid out on `mesh` (the training loop's validation and
+  transformer-compile's), summed metrics replicated."""
+  return partitioning.with_mesh(jax.jit(functools.partial(eval_step, model=model),
+                                        out_shardings=partitioning.replicated(mesh)), mesh)

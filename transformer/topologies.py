@@ -11,8 +11,8 @@ program a real slice would run; libtpu (the `jax[tpu]` extra) must be installed.
 JAX's CUDA plugin with an XLA GPU target description (gpu_specs/*.txtpb, from XLA's source tree),
 no GPU or CUDA driver needed.
 
-Chip figures (peak dense bf16 FLOP/s, HBM capacity and bandwidth, interconnect bandwidth), their
-sources:
+Chip figures (peak dense bf16 FLOP/s from info.PEAK_TFLOPS, HBM capacity and bandwidth,
+interconnect bandwidth), their sources:
   TPU v4, v5e, v5p, v6e: Google Cloud TPU system-architecture pages (cloud.google.com/tpu/docs/v4,
     /v5e, /v5p, /v6e): 'Peak compute per chip (bf16)', 'HBM capacity and bandwidth',
     'Bidirectional inter-chip interconnect (ICI) bandwidth (per chip)'. The v4 page gives no ICI
@@ -29,6 +29,7 @@ import os
 from importlib import resources
 
 from transformer.errors import UserError
+from transformer.info import PEAK_TFLOPS
 
 GIB = 2 ** 30
 
@@ -43,13 +44,15 @@ class Chip:
   cross_host_gbps: float  # between hosts (GPUs: InfiniBand per GPU, both directions); TPU: = link
 
 
+# Peaks from info.PEAK_TFLOPS (the table training's MFU divides by), keyed by JAX's device kind.
 CHIPS = {
-    "v4": Chip("TPU v4", 275.0, 32.0, 1200.0, 600.0, 600.0),
-    "v5e": Chip("TPU v5e", 197.0, 16.0, 819.0, 400.0, 400.0),
-    "v5p": Chip("TPU v5p", 459.0, 95.0, 2765.0, 1200.0, 1200.0),
-    "v6e": Chip("TPU v6e", 918.0, 32.0, 1640.0, 800.0, 800.0),
-    "H100": Chip("NVIDIA H100 SXM 80GB", 989.0, 79.1, 3350.0, 900.0, 100.0),
-    "A100": Chip("NVIDIA A100 SXM 80GB", 312.0, 79.3, 2039.0, 600.0, 50.0),
+    "v4": Chip("TPU v4", PEAK_TFLOPS["TPU v4"], 32.0, 1200.0, 600.0, 600.0),
+    "v5e": Chip("TPU v5e", PEAK_TFLOPS["TPU v5 lite"], 16.0, 819.0, 400.0, 400.0),
+    "v5p": Chip("TPU v5p", PEAK_TFLOPS["TPU v5"], 95.0, 2765.0, 1200.0, 1200.0),
+    "v6e": Chip("TPU v6e", PEAK_TFLOPS["TPU v6 lite"], 32.0, 1640.0, 800.0, 800.0),
+    "H100": Chip("NVIDIA H100 SXM 80GB", PEAK_TFLOPS["NVIDIA H100 80GB HBM3"], 79.1, 3350.0, 900.0,
+                 100.0),
+    "A100": Chip("NVIDIA A100 SXM 80GB", PEAK_TFLOPS["NVIDIA A100"], 79.3, 2039.0, 600.0, 50.0),
 }
 GPU_SPECS = {"H100": "h100_sxm.txtpb", "A100": "a100_sxm_80.txtpb"}
 
@@ -105,6 +108,10 @@ def lookup(name: str) -> Topology:
   if name not in TOPOLOGIES:
     raise TopologyError(f"unknown --topology={name!r}; known: {', '.join(TOPOLOGIES)}")
   return TOPOLOGIES[name]
+
+
+def devices_per_host(devices: list) -> int:
+  return len(devices) // len({d.process_index for d in devices})
 
 
 def devices(topology: Topology) -> list:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import itertools
 import logging
 import sys
@@ -58,7 +57,7 @@ from transformer.step import (
   TrainFunctions,
   TrainState,
   dropout_key,
-  eval_step,
+  jit_eval_step,
   jit_train_fns,
 )
 
@@ -233,9 +232,7 @@ class _Loop:
                bar: progress.Progress, n_params: int):
     self.run, self.mngr, self.stop, self.writer, self.bar = run, mngr, stop, writer, bar
     self.n_params = n_params
-    self.eval_fn = partitioning.with_mesh(
-        jax.jit(functools.partial(eval_step, model=run.model),
-                out_shardings=partitioning.replicated(run.mesh)), run.mesh)
+    self.eval_fn = jit_eval_step(run.model, run.mesh)
     self.peak = table_peak(jax.devices()[0].device_kind)  # None off the table (CPUs): no MFU then
     self.watch = faults.NonFiniteWatch(skip=run.cfg.train.on_nonfinite == "skip")
     self.start = int(run.state.step)

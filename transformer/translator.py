@@ -172,6 +172,13 @@ def _shape(count: int, rows: int) -> tuple[int, int]:
   return slots, -(-count // slots) * slots
 
 
+def decode_length(models: Sequence[Transformer], length: int, settings: SearchSettings) -> int:
+  """Output positions the search of a length-`length` bucket runs to: input + max_extra_len, but no
+  further than a learned position table reaches."""
+  learned = [m.config.max_len for m in models if m.config.positional == "learned"]
+  return min([length + settings.max_extra_len, *learned])
+
+
 def search_ids(models: Transformer | Sequence[Transformer], params: Any,
                ids: Sequence[Sequence[int]], settings: SearchSettings, max_source_len: int,
                compiled_cache: dict | None = None,
@@ -186,8 +193,6 @@ def search_ids(models: Transformer | Sequence[Transformer], params: Any,
   models, params = decode.as_ensemble(models, params)
   compiled_cache = {} if compiled_cache is None else compiled_cache
   mesh = partitioning.data_mesh()
-  learned = [m.config.max_len for m in models if m.config.positional == "learned"]
-  max_output = min(learned) if learned else None
   results: list[list[tuple[list[int], float, float]]] = [[] for _ in ids]
   compile_time, decode_time, generated = 0.0, 0.0, 0
   batches = _batches([len(i) for i in ids], settings.tokens_per_batch, max_source_len, mesh.size,
@@ -198,8 +203,7 @@ def search_ids(models: Transformer | Sequence[Transformer], params: Any,
       slots, queue = _shape(len(chunk), rows)
       slots = max(slots, mesh.size)
       queue = -(-queue // slots) * slots
-      decode_len = length + settings.max_extra_len
-      decode_len = decode_len if max_output is None else min(decode_len, max_output)
+      decode_len = decode_length(models, length, settings)
       src = pad_rows([np.array(ids[i], np.int32) for i in chunk], length, queue)
       src_len = (src != PAD_ID).sum(1)
       limits = np.where(src_len > 0, np.minimum(src_len + settings.max_extra_len, decode_len), 0)
