@@ -172,6 +172,10 @@ def test_command_line_errors(tmp_path):
   too_big = subprocess.run(base + ["--topology=v5e-4", "--mesh=8,1,1"], capture_output=True,
                            text=True)
   assert too_big.returncode == 2 and "but there are 4 devices" in too_big.stderr
+  long_rows = subprocess.run(base + ["--topology=v5e-4", "--seq_len=1000"], capture_output=True,
+                             text=True)
+  assert long_rows.returncode == 2
+  assert "--seq_len must be between 1 and config.data.max_len (128)" in long_rows.stderr
 
 
 # ------------------------------------------------------------------ the HLO reader, by hand counts
