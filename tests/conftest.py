@@ -29,3 +29,14 @@ def rng():
 
 def pytest_unconfigure(config):
   shutil.rmtree(XLA_CACHE, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config, items):
+  """A mark expression that does not name 'slow' (pytest -m core) still leaves the slow tests out."""
+  expression = config.getoption("markexpr") or ""
+  if "slow" in expression:
+    return
+  kept = [item for item in items if item.get_closest_marker("slow") is None]
+  if len(kept) < len(items):
+    config.hook.pytest_deselected(items=[i for i in items if i.get_closest_marker("slow")])
+    items[:] = kept

@@ -207,8 +207,11 @@ CASES = {
     "sampling temperature of zero": Case("translate", ("--workdir={run}", "--sample",
                                                        "--temperature=0"),
                                          "--temperature must be > 0, got 0", stdin=b"A dog.\n"),
-    "sampling option without --sample": Case("translate", ("--workdir={run}", "--top_p=0.9"),
-                                             "--top_p applies only with --sample", stdin=b"A dog.\n"),
+    "sampling option without --search=sample": Case(
+        "translate", ("--workdir={run}", "--top_p=0.9"), "--top_p applies only with --search=sample",
+        stdin=b"A dog.\n"),
+    "an unknown search": Case("translate", ("--workdir={run}", "--search=nucleus"),
+                              "--search: value should be one of", stdin=b"A dog.\n"),
     "scoring targets of another line count": Case(
         "translate", ("--workdir={run}", "--score={tmp}/targets.de"),
         "2 source lines but 1 target lines", stdin=b"A dog.\nA cat.\n",
@@ -217,15 +220,15 @@ CASES = {
     "plot a directory without metrics": Case("plot", ("{tmp}", "--output={tmp}/c.png"),
                                              "no metrics.jsonl in {tmp}: pass the workdirs that "
                                              "transformer-train wrote"),
-    "attention of an empty source": Case("attention", ("--workdir={run}", "--source= "),
+    "attention of an empty source": Case("attention_maps", ("--workdir={run}", "--source= "),
                                          "--source is empty; pass a sentence"),
     "attention of an over-long source": Case(
-        "attention", ("--workdir={run}", "--source=" + "a man rides a horse " * 20),
+        "attention_maps", ("--workdir={run}", "--source=" + "a man rides a horse " * 20),
         "tokens long (with </s>); this model's runs take at most 40 (config.data.max_len)"),
-    "attention of an empty target": Case("attention", ("--workdir={run}", "--source=A dog.",
+    "attention of an empty target": Case("attention_maps", ("--workdir={run}", "--source=A dog.",
                                                        "--target="),
                                          "--target is empty; pass the translation to draw"),
-    "attention of a non-workdir": Case("attention", ("--workdir={tmp}", "--source=A dog."),
+    "attention of a non-workdir": Case("attention_maps", ("--workdir={tmp}", "--source=A dog."),
                                        "{tmp}/config.json not found: {tmp} is not a training "
                                        "workdir"),
 }
@@ -272,7 +275,8 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(name, outcomes):
   assert out.returncode == 2, stderr[-3000:]
   assert "Traceback" not in stderr, stderr[-3000:]
   last = stderr.strip().splitlines()[-1]
-  program = {"evaluate": "transformer-eval"}.get(CASES[name].program,
+  program = {"evaluate": "transformer-eval", "attention_maps": "transformer-attention-maps"}.get(
+      CASES[name].program,
                                                  f"transformer-{CASES[name].program}")
   assert last.startswith(f"{program}: error: "), stderr[-3000:]
   assert message in last, last

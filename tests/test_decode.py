@@ -1,5 +1,6 @@
-"""The searches against plain references: a textbook beam search on full forward passes, exhaustive
-search, greedy by argmax, sampling frequencies, ensembles and forced scores."""
+"""The searches against plain references (transformer/reference.py): a textbook beam search on full
+forward passes, exhaustive search, greedy by argmax, sampling frequencies, ensembles and forced
+scores; short outputs here, long ones (several cache blocks) in test_long_outputs.py."""
 
 import functools
 import itertools
@@ -10,11 +11,12 @@ import numpy as np
 import pytest
 from helpers import init_params, random_tokens, tiny_model_config
 
-from transformer import decode
+from transformer import decoding, reference
 from transformer.model import BOS_ID, EOS_ID, PAD_ID, Transformer
 
 VOCAB = 12
 SLOW = pytest.mark.slow  # more cases of a kind the default run covers once (pytest -m slow)
+pytestmark = pytest.mark.core
 
 
 @pytest.fixture(scope="module")
@@ -25,49 +27,27 @@ def setup():
   return model, params, jnp.asarray(src)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _logits(model, params, src, tgt_in):
-  return model.apply({"params": params}, src, tgt_in)
+def next_log_probs(model, params, src_row, prefixes, width=16):
+  return reference.next_log_probs(model, params, src_row, prefixes, width)
 
 
-def next_log_probs(model, params, src_row, prefixes, rows=8, width=16):
-  """log p(next token | source, prefix) for each prefix: a full forward pass, no cache. Prefixes
-  are padded into one [rows, width] shape (one compilation); causal attention keeps the positions
-  after a prefix out of its prediction."""
-  tgt_in = np.full((rows, width), PAD_ID, np.int32)
-  for i, prefix in enumerate(prefixes):
-    tgt_in[i, :len(prefix) + 1] = [BOS_ID, *prefix]
-  src = np.repeat(np.asarray(src_row)[None], rows, axis=0)
-  logits = _logits(model, params, src, tgt_in)[np.arange(len(prefixes)), [len(p) for p in prefixes]]
-  return np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32)), np.float64)
+def beam(models, params, src, limits, decode_len, beam_size=4, alpha=0.6, nbest=1, min_len=None,
+         slots=None):
+  """decoding.decode with a BeamSearch: Result [N, nbest, ...]."""
+  return decoding.decode(decoding.BeamSearch(beam_size, alpha, nbest), models, params, src,
+                         jnp.asarray(limits), decode_len, min_len, slots)
 
 
-def reference_beam_search(model, params, src_row, limit, beam, alpha, min_length=0):
-  """A beam search as a textbook writes it, one sentence at a time, for checking the fast one:
-  K live hypotheses; the 2K best extensions; an EOS among the K best finishes a hypothesis with
-  score log p / ((5 + n) / 6) ** alpha; the K best non-EOS extensions live on; stop when no live
-  hypothesis can beat the best finished one even at the length limit. Returns the finished
-  (tokens, score) pairs, best first."""
-  lp = lambda n: ((5.0 + n) / 6.0) ** alpha
-  alive, finished = [((), 0.0)], []
-  for step in range(limit):
-    log_probs = next_log_probs(model, params, src_row, [seq for seq, _ in alive])
-    log_probs[:, [PAD_ID, BOS_ID]] = -np.inf
-    if step + 1 >= limit:
-      log_probs[:, np.arange(VOCAB) != EOS_ID] = -np.inf
-    if step + 1 < min_length:
-      log_probs[:, EOS_ID] = -np.inf
-    candidates = sorted(((score + log_probs[i, token], i * VOCAB + token, seq + (token,))
-                         for i, (seq, score) in enumerate(alive) for token in range(VOCAB)
-                         if log_probs[i, token] > -np.inf), key=lambda c: (-c[0], c[1]))[:2 * beam]
-    for rank, (score, _, seq) in enumerate(candidates):
-      if seq[-1] == EOS_ID and rank < beam:
-        finished.append((seq, score / lp(len(seq))))
-    finished = sorted(finished, key=lambda f: -f[1])[:beam]
-    alive = [(seq, score) for score, _, seq in candidates if seq[-1] != EOS_ID][:beam]
-    if not alive or (finished and finished[0][1] >= alive[0][1] / lp(limit)):
-      break
-  return finished
+def greedy(models, params, src, limits, decode_len, slots=None):
+  result = decoding.decode(decoding.Greedy(), models, params, src, jnp.asarray(limits), decode_len,
+                           slots=slots)
+  return result.tokens[:, 0], result.scores[:, 0]
+
+
+def sample(model, params, src, limits, decode_len, keys, slots=None, **options):
+  result = decoding.decode(decoding.Sampling(keys=keys, **options), model, params, src,
+                           jnp.asarray(limits), decode_len, slots=slots)
+  return result.tokens[:, 0], result.scores[:, 0]
 
 
 def as_lists(tokens):
@@ -75,18 +55,19 @@ def as_lists(tokens):
   return [tuple(int(t) for t in row if t != PAD_ID) for row in np.asarray(tokens)]
 
 
-@pytest.mark.parametrize("beam,alpha,slots", [(4, 0.6, None), (2, 0.6, 1),
+@pytest.mark.parametrize("beam_size,alpha,slots", [(4, 0.6, None), (2, 0.6, 1),
                                               pytest.param(3, 0.0, None, marks=SLOW),
                                               pytest.param(4, 1.0, 2, marks=SLOW),
                                               pytest.param(1, 0.6, 3, marks=SLOW)])
-def test_beam_search_returns_what_the_reference_search_returns(setup, beam, alpha, slots):
+def test_beam_search_returns_what_the_reference_search_returns(setup, beam_size, alpha, slots):
   model, params, src = setup
   limits = np.array([9, 7, 5, 8])
-  tokens, scores = jax.jit(functools.partial(
-      decode.beam_search_nbest, model, decode_len=10, beam_size=beam, alpha=alpha, nbest=beam,
-      slots=slots))(params, src, jnp.asarray(limits))
+  result = jax.jit(functools.partial(beam, model, decode_len=10, beam_size=beam_size, alpha=alpha,
+                                     nbest=beam_size, slots=slots))(params, src, jnp.asarray(limits))
+  tokens, scores = result.tokens, result.scores
   for row in range(len(limits)):
-    expected = reference_beam_search(model, params, src[row], limits[row], beam, alpha)
+    expected = reference.beam_search(model, params, src[row], limits[row], beam_size, alpha,
+                                     nbest=beam_size)
     assert as_lists(tokens[row])[:len(expected)] == [seq for seq, _ in expected]
     np.testing.assert_allclose(np.asarray(scores[row])[:len(expected)],
                                [score for _, score in expected], rtol=1e-5, atol=1e-5)
@@ -94,26 +75,27 @@ def test_beam_search_returns_what_the_reference_search_returns(setup, beam, alph
 
 def test_minimum_lengths_match_the_reference_and_forbid_early_eos(setup):
   model, params, src = setup
-  minimum = np.array([2, 3, 5, 6])
-  tokens, _ = decode.beam_search(model, params, src, jnp.full((4,), 7), 7, beam_size=3,
-                                 min_lengths=jnp.asarray(minimum), slots=2)
+  min_len = np.array([1, 2, 4, 5])  # tokens before EOS
+  tokens = beam(model, params, src, jnp.full((4,), 7), 7, beam_size=3,
+                min_len=jnp.asarray(min_len), slots=2).tokens[:, 0]
   for row, seq in enumerate(as_lists(tokens)):
-    assert len(seq) >= minimum[row] and seq[-1] == EOS_ID and EOS_ID not in seq[:-1]
-    expected = reference_beam_search(model, params, src[row], 7, 3, 0.6, min_length=minimum[row])
+    assert len(seq) > min_len[row] and seq[-1] == EOS_ID and EOS_ID not in seq[:-1]
+    expected = reference.beam_search(model, params, src[row], 7, 3, 0.6, min_len=min_len[row])
     assert seq == expected[0][0]
 
 
 def teacher_forced_score(model, params, src, tokens, alpha):
   tgt = jnp.asarray(tokens)
-  token_log_probs = decode.forced_log_probs(model, params, src, tgt)
-  return token_log_probs.sum(-1) / decode.length_penalty((tgt != PAD_ID).sum(-1), alpha)
+  token_log_probs = decoding.forced_log_probs(model, params, src, tgt)
+  return token_log_probs.sum(-1) / decoding.length_penalty((tgt != PAD_ID).sum(-1), alpha)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
 def test_beam_scores_are_the_models_penalised_log_probabilities(setup, alpha):
   model, params, src = setup
   limits = jnp.array([9, 7, 5, 8])
-  tokens, scores = decode.beam_search(model, params, src, limits, 10, beam_size=4, alpha=alpha)
+  result = beam(model, params, src, limits, 10, beam_size=4, alpha=alpha)
+  tokens, scores = result.tokens[:, 0], result.scores[:, 0]
   np.testing.assert_allclose(scores, teacher_forced_score(model, params, src, tokens, alpha),
                              rtol=1e-4, atol=1e-4)
   lengths = np.asarray((tokens != PAD_ID).sum(-1))
@@ -134,44 +116,38 @@ def test_wide_beam_finds_the_exhaustive_optimum(setup):
     i = int(np.argmax(scores))
     if scores[i] > best_score:
       best, best_score = tokens[i], float(scores[i])
-  tokens, score = decode.beam_search(model, params, src, jnp.array([max_len]), max_len,
-                                     beam_size=(VOCAB - 3) ** (max_len - 1), alpha=alpha)
+  result = beam(model, params, src, jnp.array([max_len]), max_len,
+                beam_size=(VOCAB - 3) ** (max_len - 1), alpha=alpha)
+  tokens, score = result.tokens[:, 0], result.scores[:, 0]
   np.testing.assert_array_equal(np.asarray(tokens[0][:len(best)]), best)
   np.testing.assert_allclose(float(score[0]), best_score, rtol=1e-5)
-
-
-def reference_greedy(model, params, src_row, limit):
-  seq = ()
-  while not seq or (seq[-1] != EOS_ID and len(seq) < limit):
-    log_probs = next_log_probs(model, params, src_row, [seq])[0]
-    log_probs[[PAD_ID, BOS_ID]] = -np.inf
-    seq += (EOS_ID if len(seq) + 1 >= limit else int(np.argmax(log_probs)),)
-  return seq
 
 
 @pytest.mark.parametrize("slots", [3, pytest.param(None, marks=SLOW), pytest.param(1, marks=SLOW)])
 def test_greedy_is_the_argmax_path_and_a_beam_of_one_without_penalty(setup, slots):
   model, params, src = setup
   limits = jnp.array([9, 7, 2, 8])
-  greedy, log_probs = jax.jit(functools.partial(decode.greedy_search, model, decode_len=10,
-                                                slots=slots))(params, src, limits)
-  assert as_lists(greedy) == [reference_greedy(model, params, src[i], int(limits[i]))
-                              for i in range(4)]
-  np.testing.assert_allclose(log_probs, teacher_forced_score(model, params, src, greedy, 0.0),
+  tokens, log_probs = jax.jit(functools.partial(greedy, model, decode_len=10, slots=slots))(
+      params, src, limits)
+  expected = [reference.greedy_search(model, params, src[i], int(limits[i])) for i in range(4)]
+  assert as_lists(tokens) == [seq for seq, _ in expected]
+  np.testing.assert_allclose(log_probs, [log_prob for _, log_prob in expected], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(log_probs, teacher_forced_score(model, params, src, tokens, 0.0),
                              rtol=1e-5, atol=1e-5)
-  beam, _ = decode.beam_search(model, params, src, limits, 10, beam_size=1, alpha=0.0)
-  np.testing.assert_array_equal(beam, greedy)
+  beam_of_one = beam(model, params, src, limits, 10, beam_size=1, alpha=0.0).tokens[:, 0]
+  np.testing.assert_array_equal(beam_of_one, tokens)
 
 
 def test_queue_padding_is_not_decoded_and_slots_do_not_change_results(setup):
   model, params, src = setup
   queue = jnp.concatenate([src, jnp.zeros_like(src[:2])])  # two padding entries at the end
   limits = jnp.array([9, 7, 5, 8, 0, 0])
-  full, _ = decode.beam_search(model, params, src, limits[:4], 10, beam_size=3)
+  full = beam(model, params, src, limits[:4], 10, beam_size=3).tokens
   for slots in (1, 2, 5):
-    tokens, scores = decode.beam_search(model, params, queue, limits, 10, beam_size=3, slots=slots)
-    np.testing.assert_array_equal(tokens[:4], full)
-    assert (np.asarray(tokens[4:]) == PAD_ID).all() and (np.asarray(scores[4:]) == decode.NEG_INF).all()
+    result = beam(model, params, queue, limits, 10, beam_size=3, slots=slots)
+    np.testing.assert_array_equal(result.tokens[:4], full)
+    assert (np.asarray(result.tokens[4:]) == PAD_ID).all()
+    assert (np.asarray(result.scores[4:]) == decoding.IMPOSSIBLE).all()
 
 
 def keys_for(n, seed=0):
@@ -181,11 +157,11 @@ def keys_for(n, seed=0):
 def test_sampling_is_reproducible_and_independent_of_slots(setup):
   model, params, src = setup
   limits = jnp.array([9, 7, 5, 8])
-  runs = [decode.sample(model, params, src, limits, 10, keys_for(4), slots=s) for s in (None, 1)]
+  runs = [sample(model, params, src, limits, 10, keys_for(4), slots=s) for s in (None, 1)]
   np.testing.assert_array_equal(runs[0][0], runs[1][0])
-  first_two = decode.sample(model, params, src[:2], limits[:2], 10, keys_for(4)[:2])
+  first_two = sample(model, params, src[:2], limits[:2], 10, keys_for(4)[:2])
   np.testing.assert_array_equal(first_two[0], runs[0][0][:2])  # a sentence's key decides its sample
-  other_seed = decode.sample(model, params, src, limits, 10, keys_for(4, seed=1))
+  other_seed = sample(model, params, src, limits, 10, keys_for(4, seed=1))
   assert not np.array_equal(other_seed[0], runs[0][0])
   np.testing.assert_allclose(runs[0][1], teacher_forced_score(model, params, src, runs[0][0], 0.0),
                              rtol=1e-5, atol=1e-5)
@@ -195,8 +171,8 @@ def test_sampling_is_reproducible_and_independent_of_slots(setup):
 def test_sampling_limits_that_leave_one_token_are_greedy(setup, options):
   model, params, src = setup
   limits = jnp.array([9, 7, 5, 8])
-  tokens, _ = decode.sample(model, params, src, limits, 10, keys_for(4), **options)
-  np.testing.assert_array_equal(tokens, decode.greedy_search(model, params, src, limits, 10)[0])
+  tokens, _ = sample(model, params, src, limits, 10, keys_for(4), **options)
+  np.testing.assert_array_equal(tokens, greedy(model, params, src, limits, 10)[0])
 
 
 @pytest.mark.parametrize("options", [{"top_p": 0.6}, pytest.param({"temperature": 2.0}, marks=SLOW),
@@ -205,7 +181,7 @@ def test_sampled_first_tokens_follow_the_filtered_distribution(setup, options):
   model, params, src = setup
   n = 3000
   queue = jnp.repeat(src[:1], n, axis=0)
-  tokens, _ = jax.jit(lambda p, q, k: decode.sample(model, p, q, jnp.full((n,), 5), 5, k,
+  tokens, _ = jax.jit(lambda p, q, k: sample(model, p, q, jnp.full((n,), 5), 5, k,
                                                     slots=500, **options))(params, queue, keys_for(n))
   counts = np.bincount(np.asarray(tokens[:, 0]), minlength=VOCAB) / n
   log_probs = next_log_probs(model, params, src[0], [()])[0]
@@ -225,10 +201,10 @@ def test_sampled_first_tokens_follow_the_filtered_distribution(setup, options):
 def test_an_ensemble_of_one_model_twice_is_the_model(setup):
   model, params, src = setup
   limits = jnp.array([9, 7, 5, 8])
-  single = decode.beam_search(model, params, src, limits, 10, beam_size=3)
-  double = decode.beam_search((model, model), (params, params), src, limits, 10, beam_size=3)
-  np.testing.assert_array_equal(double[0], single[0])
-  np.testing.assert_allclose(double[1], single[1], rtol=1e-6)
+  single = beam(model, params, src, limits, 10, beam_size=3)
+  double = beam((model, model), (params, params), src, limits, 10, beam_size=3)
+  np.testing.assert_array_equal(double.tokens, single.tokens)
+  np.testing.assert_allclose(double.scores, single.scores, rtol=1e-6)
 
 
 def test_ensemble_scores_are_mean_log_probabilities_of_different_models(setup):
@@ -237,20 +213,20 @@ def test_ensemble_scores_are_mean_log_probabilities_of_different_models(setup):
   other_params = init_params(other, seed=3, scale=2.0)
   limits = jnp.array([9, 7, 5, 8])
   models, both = (model, other), (params, other_params)
-  tokens, scores = decode.beam_search(models, both, src, limits, 10, beam_size=3, alpha=0.6)
-  tgt = jnp.asarray(tokens)
-  mean = (decode.forced_log_probs(model, params, src, tgt)
-          + decode.forced_log_probs(other, other_params, src, tgt)) / 2
-  np.testing.assert_allclose(decode.forced_log_probs(models, both, src, tgt), mean, atol=1e-6)
+  result = beam(models, both, src, limits, 10, beam_size=3, alpha=0.6)
+  tgt, scores = jnp.asarray(result.tokens[:, 0]), result.scores[:, 0]
+  mean = (decoding.forced_log_probs(model, params, src, tgt)
+          + decoding.forced_log_probs(other, other_params, src, tgt)) / 2
+  np.testing.assert_allclose(decoding.forced_log_probs(models, both, src, tgt), mean, atol=1e-6)
   lengths = (tgt != PAD_ID).sum(-1)
-  np.testing.assert_allclose(scores, mean.sum(-1) / decode.length_penalty(lengths, 0.6),
+  np.testing.assert_allclose(scores, mean.sum(-1) / decoding.length_penalty(lengths, 0.6),
                              rtol=1e-4, atol=1e-4)
 
 
 def test_forced_log_probs_are_log_softmax_at_the_targets(setup):
   model, params, src = setup
   tgt = random_tokens(np.random.default_rng(2), 4, 5, VOCAB, lengths=[5, 2, 4, 1])
-  got = np.asarray(decode.forced_log_probs(model, params, src, jnp.asarray(tgt)))
+  got = np.asarray(decoding.forced_log_probs(model, params, src, jnp.asarray(tgt)))
   for row in range(4):
     prefix = ()
     for t, token in enumerate(tgt[row]):

@@ -125,17 +125,17 @@ def test_train_resume_and_evaluate(tmp_path):
   assert out.returncode == 0, out.stderr[-3000:]
   assert "2 run(s) in 2 group(s): run, averaged" in out.stdout
   assert matplotlib.image.imread(tmp_path / "c.png").ndim == 3
-  out = run_cli("transformer.attention", f"--workdir={workdir}", "--source=A dog runs.",
+  out = run_cli("transformer.attention_maps", f"--workdir={workdir}", "--source=A dog runs.",
                 "--target=Ein Hund rennt.")
   assert out.returncode == 0, out.stderr[-3000:]
-  own = run_cli("transformer.attention", f"--workdir={workdir}", "--source=A dog runs.",
+  own = run_cli("transformer.attention_maps", f"--workdir={workdir}", "--source=A dog runs.",
                 f"--output_dir={tmp_path / 'own'}")  # the target: the model's own translation
   translation = own.stderr.split("Translation by the checkpoint at step 8: ")[1].splitlines()[0]
   if translation.strip():
     assert own.returncode == 0, own.stderr[-3000:]
   else:  # eight steps of training may well translate to nothing
     assert own.stderr.strip().splitlines()[-1] == (
-        "transformer-attention: error: the checkpoint at step 8 translates the source to an empty "
+        "transformer-attention-maps: error: the checkpoint at step 8 translates the source to an empty "
         "sentence; pass --target=\"...\" to draw the attention of a translation")
   pictures = workdir / "attention"
   assert sorted(p.name for p in pictures.iterdir()) == [
@@ -152,7 +152,7 @@ def test_console_scripts_explain_themselves():
   its flags, though the script is not the module that defines them."""
   for script, expected, usage in (
       ("transformer-eval", "--average_last: Average the parameters", "--workdir=runs/m30k"),
-      ("transformer-attention", "--source: The source sentence.", "--workdir=runs/m30k"),
+      ("transformer-attention-maps", "--source: The source sentence.", "--workdir=runs/m30k"),
       ("transformer-compile", "--topology: The slice or cluster to compile for",
        "--config=configs/wmt14_ende.py:big --topology=v5p-32")):
     out = subprocess.run([shutil.which(script), "--help"], capture_output=True, text=True,

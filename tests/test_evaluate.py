@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers import init_params, run_cli, tiny_model_config, tiny_run_config
 
-from transformer import decode, translator
+from transformer import decoding, translator
 from transformer.config import base_config
 from transformer.data import sources
 from transformer.data import vocab as vocab_lib
@@ -48,7 +48,8 @@ def test_translate_keeps_order_and_handles_empty_and_long_lines(vocab, positiona
     ids = vocab.encode(sentence)[:19] + [EOS_ID]  # truncated to max_source_len with EOS
     src = jnp.asarray([ids])
     limit = min(len(ids) + 5, 20) if positional == "learned" else len(ids) + 5
-    tokens = np.asarray(decode.greedy_search(model, params, src, jnp.array([limit]), limit)[0])[0]
+    tokens = np.asarray(decoding.decode(decoding.Greedy(), model, params, src, jnp.array([limit]),
+                                        limit).tokens)[0, 0]
     tokens = tokens.tolist()
     tokens = tokens[:tokens.index(EOS_ID)] if EOS_ID in tokens else tokens
     assert hypothesis == vocab.decode(tokens)
@@ -67,7 +68,7 @@ def always_eos(model, params):
 
 
 @pytest.mark.parametrize("search", [dict(beam_size=3, nbest=3), dict(beam_size=1),
-                                    dict(sampling=True, top_k=1)])
+                                    dict(search="sample", top_k=1)])
 def test_min_len_rules_out_the_empty_translation_and_yields_to_the_length_limit(vocab, search):
   model = Transformer(tiny_model_config(vocab_size=300))
   params = always_eos(model, init_params(model))
@@ -137,9 +138,9 @@ def test_nbest_lists_are_the_searchs_and_start_with_the_translation(trained):
     assert len(nbest) == 3 and nbest[0]["text"] == best
     assert [h["score"] for h in nbest] == sorted((h["score"] for h in nbest), reverse=True)
     padded = jnp.asarray([ids_one + [PAD_ID] * (width - len(ids_one))])
-    tokens, scores = decode.beam_search_nbest(model, params, padded, jnp.array([len(ids_one) + 5]),
-                                              width + 5, beam_size=3, alpha=0.6, nbest=3)
-    for h, row, score in zip(nbest, np.asarray(tokens[0]), np.asarray(scores[0])):
+    found = decoding.decode(decoding.BeamSearch(beam_size=3, alpha=0.6, nbest=3), model, params,
+                            padded, jnp.array([len(ids_one) + 5]), width + 5)
+    for h, row, score in zip(nbest, np.asarray(found.tokens[0]), np.asarray(found.scores[0])):
       n = int((row != 0).sum())
       assert h["text"] == vocab.decode(row[:n - 1].tolist()) and h["tokens"] == n
       assert h["score"] == pytest.approx(float(score), abs=1e-5)
@@ -151,7 +152,7 @@ def test_samples_do_not_depend_on_batching(trained):
   run = load_run(workdir)
   cfg, vocab, model, params = run.config, run.vocab, run.model, run.params()
   sentences = sources.load_split(cfg.data, cfg.data.eval_split).source[:10]
-  settings = SearchSettings(sampling=True, top_k=20, seed=3, max_extra_len=5)
+  settings = SearchSettings(search="sample", top_k=20, seed=3, max_extra_len=5)
   runs = [translate(model, params, vocab, sentences,
                     dataclasses.replace(settings, tokens_per_batch=n),
                     max_source_len=cfg.data.max_len).hypotheses for n in (40, 1000)]
@@ -189,8 +190,9 @@ def test_the_programs_write_nbest_lists_scores_samples_and_ensemble_reports(trai
   assert "mean NLL" in out.stderr
 
   samples = [run_cli("transformer.translate", f"--workdir={workdir}", f"--input_file={source}",
-                     "--sample", "--top_p=0.9", "--seed=5").stdout for _ in range(2)]
-  assert samples[0] == samples[1] and len(samples[0].splitlines()) == 2
+                     flag, "--top_p=0.9", "--seed=5") for flag in ("--search=sample", "--sample")]
+  assert samples[0].stdout == samples[1].stdout and len(samples[0].stdout.splitlines()) == 2
+  assert "--sample is deprecated and will be removed; use --search=sample" in samples[1].stderr
 
   out = run_cli("transformer.evaluate", f"--workdir={workdir}", f"--ensemble={workdir}",
                 "--beam_size=2", "--nbest=2")

@@ -8,16 +8,18 @@ import numpy as np
 import pytest
 from helpers import init_params, model_config, random_tokens, tiny_model_config
 
-from transformer import decode
+from transformer import decoding, kv_cache
+from transformer.attention import CACHE, Keys, attention, attention_kernel
 from transformer.info import analytic_param_count, param_counts
-from transformer.model import (
-  Transformer,
-  attention_kernel,
-  dot_product_attention,
-  shift_right,
-  sinusoidal_encoding,
-)
+from transformer.model import Transformer, shift_right, sinusoidal_encoding
 from transformer.projection import output_logits
+
+pytestmark = pytest.mark.core
+
+
+def dot_product_attention(q, k, v, mask):
+  """The model's attention over full sequences (one block of keys)."""
+  return attention(q, [Keys(k, v, mask)])[0]
 
 
 def numpy_attention(q, k, v, mask):
@@ -42,6 +44,23 @@ def test_attention_matches_numpy(rng):
   got = dot_product_attention(jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32),
                               jnp.asarray(v, jnp.float32), jnp.asarray(mask))
   np.testing.assert_allclose(got, numpy_attention(q, k, v, mask), atol=1e-5)
+
+
+@pytest.mark.parametrize("reached", [40, 20])
+def test_attention_over_cache_blocks_is_the_softmax_over_all_keys(rng, reached):
+  """Decoding's blocks (16, 16, 32 positions; flash attention's merge; blocks past the furthest
+  query position skipped) give the softmax over the whole cache, in the cache's layout."""
+  b, h, g, d, n = 2, 3, 2, 8, 64
+  q, k, v = rng.standard_normal((b, h, g, d)), rng.standard_normal((b, h, n, d)), rng.standard_normal((b, h, n, d))
+  mask = (rng.random((b, 1, g, n)) < 0.7) & (np.arange(n) <= reached)
+  mask[..., 0] = True
+  blocks = [Keys(jnp.asarray(np.swapaxes(k[:, :, s:s + w], 2, 3), jnp.float32),
+                 jnp.asarray(v[:, :, s:s + w], jnp.float32), jnp.asarray(mask[..., s:s + w]), s)
+            for s, w in ((0, 16), (16, 16), (32, 32))]
+  got, _ = attention(jnp.asarray(q, jnp.float32), blocks, CACHE, reached=jnp.asarray(reached))
+  expected = numpy_attention(np.swapaxes(q, 1, 2), np.swapaxes(k, 1, 2), np.swapaxes(v, 1, 2),
+                             np.broadcast_to(mask, (b, 1, g, n)))
+  np.testing.assert_allclose(got, np.swapaxes(expected, 1, 2), atol=1e-5)
 
 
 def test_sinusoidal_table_is_the_papers_formula():
@@ -142,9 +161,10 @@ def test_scanned_and_rematerialised_layers_compute_what_unrolled_layers_compute(
               "decoder": stack_layers_of(grads["decoder"])}
   for a, b in zip(jax.tree.leaves(scanned_grads), jax.tree.leaves(expected), strict=True):
     np.testing.assert_allclose(a, b, atol=1e-6)
-  max_lengths = jnp.array([8, 8, 8])
-  tokens, _ = decode.beam_search(unrolled, params, src, max_lengths, 8, beam_size=3)
-  scanned_tokens, _ = decode.beam_search(scanned, as_scanned, src, max_lengths, 8, beam_size=3)
+  limits = jnp.array([8, 8, 8])
+  search = decoding.BeamSearch(beam_size=3)
+  tokens = decoding.decode(search, unrolled, params, src, limits, 8).tokens
+  scanned_tokens = decoding.decode(search, scanned, as_scanned, src, limits, 8).tokens
   np.testing.assert_array_equal(scanned_tokens, tokens)
 
 
@@ -162,9 +182,9 @@ def test_kv_cache_decoding_equals_full_forward(rng, overrides):
   for t in range(tgt_in.shape[1]):
     mask = (jnp.arange(8) <= t)[None, None, None, :]  # one hypothesis per sentence
     logits, mutated = model.apply(variables, encoded, src, tgt_in[:, t:t + 1], decode=True,
-                                  decode_len=8, step=t, self_mask=mask, mutable=["cache"],
-                                  method=Transformer.decode)
-    variables = {"params": params, "cache": mutated["cache"]}
+                                  decode_len=8, step=t, self_mask=mask,
+                                  mutable=[kv_cache.SELF, kv_cache.SOURCE], method=Transformer.decode)
+    variables = {"params": params, **mutated}
     steps.append(logits)
   np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
 
@@ -252,7 +272,6 @@ def test_table3_row_b_removes_the_papers_parameters(d_k, paper_millions):
 
 
 def test_attention_with_unequal_key_and_value_widths_matches_numpy(rng):
-  from transformer.model import dot_product_attention
   q, k, v = rng.normal(size=(2, 3, 4, 5)), rng.normal(size=(2, 6, 4, 5)), rng.normal(size=(2, 6, 4, 7))
   logits = np.einsum("bthk,bshk->bhts", q, k) / np.sqrt(5)
   weights = np.exp(logits - logits.max(-1, keepdims=True))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from helpers import init_params, random_tokens, tiny_model_config
 
-from transformer import attention, plot
+from transformer import attention_maps, plot
 from transformer.model import EOS_ID, Transformer, sinusoidal_encoding
 
 PIECES = [f"t{i}" for i in range(24)]
@@ -29,7 +29,7 @@ def maps():
   params = init_params(model)
   source = [5, 9, 7, 11, 6, EOS_ID]
   target = [8, 12, 4, EOS_ID]
-  return model, params, attention.attention_maps(model, params, source, target, PIECES)
+  return model, params, attention_maps.attention_maps(model, params, source, target, PIECES)
 
 
 def test_maps_have_one_layer_by_head_block_per_kind_with_token_axes(maps):
@@ -72,17 +72,17 @@ def test_padding_keys_get_no_weight_and_scanned_layers_record_maps_too(rng):
   model = Transformer(tiny_model_config(scan_layers=True))
   params = init_params(model)
   src = random_tokens(rng, 1, 6, 24)[0].tolist()
-  m = attention.attention_maps(model, params, src, [8, EOS_ID], PIECES)
+  m = attention_maps.attention_maps(model, params, src, [8, EOS_ID], PIECES)
   assert m.weights["cross_attention"].shape == (2, 4, 2, 6)
   np.testing.assert_allclose(m.weights["encoder_self_attention"].sum(-1), 1.0, rtol=1e-5)
   # Padding inside a sequence would be a caller's bug; the model masks id 0 all the same.
-  padded = attention.attention_maps(model, params, src[:-1] + [0], [8, EOS_ID], PIECES)
+  padded = attention_maps.attention_maps(model, params, src[:-1] + [0], [8, EOS_ID], PIECES)
   assert (padded.weights["cross_attention"][..., -1] == 0).all()
 
 
 def test_grid_has_a_panel_per_layer_and_head_with_tokens_on_the_outer_axes(maps):
   _, _, m = maps
-  fig = attention.attention_grid(m, "cross_attention")
+  fig = attention_maps.attention_grid(m, "cross_attention")
   grid = panels(fig)
   assert len(grid) == 2 * 4
   assert fig._suptitle.get_text() == "Encoder-decoder attention"
@@ -97,7 +97,7 @@ def test_grid_has_a_panel_per_layer_and_head_with_tokens_on_the_outer_axes(maps)
 
 def test_head_figure_labels_every_token(maps):
   _, _, m = maps
-  fig = attention.head_figure(m, "decoder_self_attention", layer=1, head=2)
+  fig = attention_maps.head_figure(m, "decoder_self_attention", layer=1, head=2)
   (ax,) = panels(fig)
   assert ax.get_title() == "Decoder self-attention (causal), layer 2, head 3"
   assert tick_labels(ax.xaxis) == m.decoder_tokens and tick_labels(ax.yaxis) == m.decoder_tokens
@@ -106,25 +106,25 @@ def test_head_figure_labels_every_token(maps):
 
 def test_positional_figures_show_the_table_and_its_similarity(maps):
   model, params, _ = maps
-  tables = attention.positional_tables(params, model.config, positions=10)
+  tables = attention_maps.positional_tables(params, model.config, positions=10)
   np.testing.assert_allclose(tables["sinusoidal (encoder and decoder)"][3, :2],
                              [np.sin(3.0), np.cos(3.0)], rtol=1e-6)
-  fig = attention.positional_figure(tables)
+  fig = attention_maps.positional_figure(tables)
   assert [(ax.get_xlabel(), ax.get_ylabel()) for ax in panels(fig)] == [
       ("dimension", "position"), ("position", "position")]
   similarity = panels(fig)[1].images[0].get_array()
   np.testing.assert_allclose(np.diag(similarity), 1.0, rtol=1e-6)
 
   learned = Transformer(tiny_model_config(positional="learned"))
-  tables = attention.positional_tables(init_params(learned), learned.config, positions=10)
+  tables = attention_maps.positional_tables(init_params(learned), learned.config, positions=10)
   assert list(tables) == ["learned (encoder)", "learned (decoder)"]
   assert tables["learned (encoder)"].shape == (10, 16)
-  assert len(panels(attention.positional_figure(tables))) == 4
+  assert len(panels(attention_maps.positional_figure(tables))) == 4
 
 
 def test_all_figures_are_written(maps, tmp_path):
   model, params, m = maps
-  files = attention.write_figures(m, attention.positional_tables(params, model.config, 8), tmp_path)
+  files = attention_maps.write_figures(m, attention_maps.positional_tables(params, model.config, 8), tmp_path)
   assert len(files) == 3 + 3 * 2 * 4 + 2  # grids, heads, positions and the .npz
   assert matplotlib.image.imread(tmp_path / "heads" / "cross_attention_layer2_head4.png").ndim == 3
   saved = np.load(tmp_path / "attention.npz")

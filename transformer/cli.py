@@ -97,6 +97,9 @@ def define_progress_flag() -> None:
 def define_search_flags(sampling: bool = False) -> None:
   """The decoding flags of the programs that translate (translator.SearchSettings); unset flags
   take the run config's decode.* values."""
+  from transformer.decoding import SEARCHES
+  flags.DEFINE_enum("search", None, list(SEARCHES), "The search (default: beam; beam search with "
+                    "--beam_size=1 is greedy search).")
   flags.DEFINE_integer("beam_size", None, "Beam size (default: config.decode.beam_size; 1 = greedy).")
   flags.DEFINE_float("alpha", None, "Length-penalty alpha (default: config.decode.alpha).")
   flags.DEFINE_integer("max_extra_len", None, "Output length limit = input length + this.")
@@ -111,28 +114,37 @@ def define_search_flags(sampling: bool = False) -> None:
                        "sentences are decoded at a time (default: config.decode.tokens_per_batch; "
                        "1024 suits a CPU, runs trained before it was the default store 4096).")
   if sampling:
-    flags.DEFINE_bool("sample", False, "Sample translations instead of searching (e.g. for "
-                      "back-translation): one per sentence, reproducible from --seed.")
-    flags.DEFINE_float("temperature", None, "With --sample: divide log-probabilities by this.")
-    flags.DEFINE_integer("top_k", None, "With --sample: only from the K most probable tokens.")
-    flags.DEFINE_float("top_p", None, "With --sample: only from the most probable tokens whose "
-                       "probabilities sum to P (nucleus sampling).")
-    flags.DEFINE_integer("seed", None, "With --sample: the random seed (default 0).")
+    flags.DEFINE_bool("sample", False, "Deprecated: use --search=sample.")
+    flags.DEFINE_float("temperature", None, "With --search=sample: divide log-probabilities by "
+                       "this.")
+    flags.DEFINE_integer("top_k", None, "With --search=sample: only from the K most probable "
+                         "tokens.")
+    flags.DEFINE_float("top_p", None, "With --search=sample: only from the most probable tokens "
+                       "whose probabilities sum to P (nucleus sampling).")
+    flags.DEFINE_integer("seed", None, "With --search=sample: the random seed (default 0); a "
+                         "sentence's sample does not depend on its batch.")
+
+
+def deprecated(old: str, new: str) -> None:
+  """The line a renamed flag or program prints when its old name is used; the old name still works."""
+  print(f"warning: {old} is deprecated and will be removed; use {new}", file=sys.stderr)
 
 
 def search_overrides() -> dict:
   """The search flags that were given, as SearchSettings fields (None where not given)."""
   f = flags.FLAGS
-  names = ["beam_size", "alpha", "max_extra_len", "min_len", "nbest", "temperature", "top_k",
-           "top_p", "seed", "tokens_per_batch"]
+  names = ["search", "beam_size", "alpha", "max_extra_len", "min_len", "nbest", "temperature",
+           "top_k", "top_p", "seed", "tokens_per_batch"]
   overrides = {name: f[name].value for name in names if name in f}
-  if "sample" in f:
-    overrides["sampling"] = f.sample
-    given = [f"--{n}" for n in ("temperature", "top_k", "top_p", "seed") if overrides[n] is not None]
-    if given and not f.sample:
-      from transformer.config import ConfigError
-      verb = "applies" if len(given) == 1 else "apply"
-      raise ConfigError(f"{', '.join(given)} {verb} only with --sample; add --sample or drop it")
+  if "sample" in f and f.sample:
+    deprecated("--sample", "--search=sample")
+    overrides["search"] = "sample"
+  given = [f"--{n}" for n in ("temperature", "top_k", "top_p", "seed") if overrides.get(n) is not None]
+  if given and overrides["search"] != "sample":
+    from transformer.config import ConfigError
+    verb = "applies" if len(given) == 1 else "apply"
+    raise ConfigError(f"{', '.join(given)} {verb} only with --search=sample; add it or drop "
+                      f"{'it' if len(given) == 1 else 'them'}")
   return overrides
 
 

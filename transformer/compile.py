@@ -43,7 +43,7 @@ from absl import app, flags
 from jax.experimental.compilation_cache import compilation_cache
 from ml_collections import config_flags
 
-from transformer import decode, hlo, partitioning, roofline, topologies, translator
+from transformer import decoding, hlo, partitioning, roofline, topologies, translator
 from transformer.cli import run_program
 from transformer.compile_report import fit_advice, format_report, oom_advice, public, size
 from transformer.config import ConfigError, validate
@@ -177,7 +177,7 @@ def compile_beam(cfg: ml_collections.ConfigDict, model: Transformer, target: Tar
   settings = translator.SearchSettings.from_config(cfg)
   slots = batching.rows_per_batch(settings.tokens_per_batch, length, mesh.size)
   queue = slots * translator.QUEUE_BATCHES
-  models, replicated = decode.as_ensemble(
+  models, replicated = decoding.as_ensemble(
       model, partitioning.with_sharding(params, partitioning.replicated(mesh)))
   decode_len = translator.decode_length(models, length, settings)
   fn = jax.jit(translator.search_fn(models, settings, decode_len, slots))

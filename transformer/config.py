@@ -125,7 +125,7 @@ def _train_keys() -> ml_collections.ConfigDict:
 
 
 def _decode_keys() -> ml_collections.ConfigDict:
-  """The search of transformer-eval and transformer-translate (decode.py)."""
+  """The search of transformer-eval and transformer-translate (decoding/)."""
   decode = ml_collections.ConfigDict()
   decode.beam_size = 4
   decode.alpha = 0.6                # GNMT length penalty ((5 + len) / 6) ** alpha.

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from transformer import kv_cache, partitioning
+from transformer.attention import SEQUENCE, Keys, attention, attention_kernel
 from transformer.projection import output_logits
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
@@ -140,46 +141,6 @@ def constrain(x: jax.Array, *axes: str | None) -> jax.Array:
   return nn.with_logical_constraint(x, axes, rules=partitioning.RULES)
 
 
-def attention_weights(query: jax.Array, key: jax.Array, mask: jax.Array | None) -> jax.Array:
-  """softmax(Q K^T / sqrt(d_k)) per head, float32; [B,T,H,K] x [B,S,H,K] -> [B,H,T,S].
-
-  `mask` broadcasts to [B,H,T,S] and is True where a query may attend.
-  """
-  logits = jnp.einsum("bthk,bshk->bhts", query, key, preferred_element_type=jnp.float32)
-  logits = logits / math.sqrt(query.shape[-1])
-  if mask is not None:
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-  return jax.nn.softmax(logits, axis=-1)
-
-
-def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None,
-                          dropout: Callable[[jax.Array], jax.Array] = lambda w: w) -> jax.Array:
-  """softmax(Q K^T / sqrt(d_k)) V per head; [B,T,H,K] x [B,S,H,K] x [B,S,H,V] -> [B,T,H,V].
-
-  The reference (float32 logits and softmax), used for attention dropout and unequal d_k / d_v,
-  which the fused kernels lack.
-  """
-  weights = dropout(attention_weights(query, key, mask))
-  return jnp.einsum("bhts,bshv->bthv", weights.astype(value.dtype), value)
-
-
-def attention_kernel(config: ModelConfig, with_dropout: bool) -> str:
-  """Which implementation computes attention over full sequences: 'reference' (ours), 'xla' or
-  'cudnn' (both through `jax.nn.dot_product_attention`, whose logits and softmax are float32 too).
-
-  'auto' picks cuDNN's fused flash attention on a GPU for bf16/fp16 heads of equal width (a multiple
-  of 8, at most 128), XLA's path elsewhere, and the reference wherever the fused kernels cannot follow
-  the config (attention dropout in training, d_k != d_v). Decoding steps use kv_cache.py.
-  """
-  if config.attention == "reference" or with_dropout or config.key_dim != config.value_dim:
-    return "reference"
-  if config.attention != "auto":
-    return config.attention
-  cudnn_ok = (jax.default_backend() == "gpu" and config.dtype in (jnp.bfloat16, jnp.float16)
-              and config.key_dim % 8 == 0 and config.key_dim <= 128)
-  return "cudnn" if cudnn_ok else "xla"
-
-
 class MultiHeadAttention(nn.Module):
   """Multi-head attention: H heads of d_k-wide queries and keys and d_v-wide values (D / H by default).
 
@@ -188,7 +149,7 @@ class MultiHeadAttention(nn.Module):
   cache of `decode_len` positions), 'cross' (keys and values of the encoder output are projected on
   the first call and reused). Applied with the
   'intermediates' collection mutable, outside decoding, it also records its attention weights
-  [B,H,T,S] there ('attention_weights', read by attention.py's maps); otherwise that costs nothing.
+  [B,H,T,S] there ('attention_weights', read by attention_maps.py); otherwise that costs nothing.
   """
   config: ModelConfig
 
@@ -212,21 +173,27 @@ class MultiHeadAttention(nn.Module):
       key, value = key_proj(inputs_kv), value_proj(inputs_kv)
       query, key, value = (constrain(x, "batch", "length", "act_heads", "kv")
                            for x in (query, key, value))
-      if self.is_mutable_collection("intermediates"):
-        self.sow("intermediates", "attention_weights", attention_weights(query, key, mask))
-      with_dropout = not deterministic and cfg.attention_dropout > 0.0
-      kernel = attention_kernel(cfg, with_dropout)
-      if kernel == "reference":
-        attention_dropout = lambda w: nn.Dropout(cfg.attention_dropout)(
-            w, deterministic=not with_dropout)
-        out = dot_product_attention(query, key, value, mask, attention_dropout)
-      else:
-        if mask is not None:  # cuDNN wants the query axis spelled out; XLA broadcasts either way
-          mask = jnp.broadcast_to(mask, (*mask.shape[:2], query.shape[1], key.shape[1]))
-        out = jax.nn.dot_product_attention(query, key, value, mask=mask, implementation=kernel)
+      out = self._full_sequence(query, key, value, mask, deterministic)
     return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), dtype=cfg.dtype, name="out",
                            kernel_init=_init(_dense_init, "heads", "kv", "embed"),
                            bias_init=_init(_zeros, "embed"))(out)
+
+  def _full_sequence(self, query: jax.Array, key: jax.Array, value: jax.Array,
+                     mask: jax.Array | None, deterministic: bool) -> jax.Array:
+    """Attention over whole sequences: ours (with attention dropout), XLA's or cuDNN's kernel."""
+    cfg = self.config
+    with_dropout = not deterministic and cfg.attention_dropout > 0.0
+    kernel = attention_kernel(cfg, with_dropout)
+    if kernel == "reference" or self.is_mutable_collection("intermediates"):
+      dropout = lambda w: nn.Dropout(cfg.attention_dropout)(w, deterministic=not with_dropout)
+      out, weights = attention(query, [Keys(key, value, mask)], SEQUENCE, dropout)
+      if self.is_mutable_collection("intermediates"):
+        self.sow("intermediates", "attention_weights", weights)
+      if kernel == "reference":
+        return out
+    if mask is not None:  # cuDNN wants the query axis spelled out; XLA broadcasts either way
+      mask = jnp.broadcast_to(mask, (*mask.shape[:2], query.shape[1], key.shape[1]))
+    return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation=kernel)
 
 
 # ------------------------------------------------------------------------------------------- layers
@@ -321,7 +288,7 @@ def stack_layers(config: ModelConfig, layer: type[nn.Module], x: jax.Array, *arg
       x = layer(config, **layer_kwargs, name=f"layer_{i}")(x, *args)
     return x
   scan = nn.scan(lambda module, carry, *rest: (module(carry, *rest), None),
-                 variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+                 variable_axes={"params": 0, kv_cache.SELF: 0, kv_cache.SOURCE: 0, "intermediates": 0},
                  split_rngs={"params": True, "dropout": True},
                  in_axes=nn.broadcast, length=config.num_layers,
                  metadata_params={nn.PARTITION_NAME: "layers"})

@@ -1,11 +1,11 @@
 """Sentences in, translations (or scores) out: the host side of every program that decodes.
 
-transformer-eval, transformer-translate, transformer-attention and the benchmark all go through
+transformer-eval, transformer-translate, transformer-attention-maps and the benchmark all go through
 `translate` (beam search, n-best lists, greedy search, sampling; one model or an ensemble) and
 `score` (forced decoding). Both tokenize, sort the sentences by length and cut them into batches of one
 length bucket each, so little compute goes to padding and every bucket compiles once; pass the same
 `compiled_cache` dict to later calls (other checkpoints of the same model) to reuse the compiled
-functions. The searches themselves are decode.py's.
+functions. The searches themselves are in decoding/.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 import sentencepiece as spm
 
-from transformer import decode, partitioning, progress
+from transformer import decoding, partitioning, progress
 from transformer.config import ConfigError
 from transformer.data import batching
 from transformer.data.batching import pad_rows
@@ -34,18 +34,19 @@ QUEUE_BATCHES = 16  # sentences per call, in batches: the queue drains (wastes) 
 
 @dataclasses.dataclass(frozen=True)
 class SearchSettings:
-  """How to decode: beam search (beam_size > 1), greedy (1) or sampling, and n-best lists."""
+  """How to decode: which search (decoding.SEARCHES; beam search with beam_size 1 is greedy
+  search), its options, the output length limits and n-best lists."""
+  search: str = "beam"
   beam_size: int = 4
   alpha: float = 0.6
   max_extra_len: int = 50
   min_len: int = 0  # tokens before EOS at least: 0 allows an empty translation, 1 forbids it
   nbest: int = 1
-  sampling: bool = False
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0
   seed: int = 0
-  tokens_per_batch: int = 1024  # source tokens per batch: the slots (decode.py) of a length bucket
+  tokens_per_batch: int = 1024  # source tokens per batch: the slots (decoding/loop.py) of a length bucket
 
   @classmethod
   def from_config(cls, cfg: ml_collections.ConfigDict, **overrides: Any) -> SearchSettings:
@@ -59,6 +60,9 @@ class SearchSettings:
 
   def check(self) -> None:
     """One-line errors that name the flag to fix."""
+    if self.search not in decoding.SEARCHES:
+      raise ConfigError(f"--search must be one of {', '.join(decoding.SEARCHES)}, got "
+                        f"{self.search!r}")
     if self.beam_size < 1:
       raise ConfigError(f"--beam_size must be >= 1 (1 = greedy search), got {self.beam_size}")
     if self.alpha < 0:
@@ -71,9 +75,9 @@ class SearchSettings:
     if self.nbest < 1 or self.nbest > self.beam_size:
       raise ConfigError(f"--nbest must be between 1 and --beam_size ({self.beam_size}), got "
                         f"{self.nbest}: a beam of K keeps K hypotheses")
-    if self.sampling and self.nbest > 1:
-      raise ConfigError("--nbest works with beam search, not with --sample: draw several samples "
-                        "with different --seed values instead")
+    if self.search != "beam" and self.nbest > 1:
+      raise ConfigError(f"--nbest works with beam search, not with --search={self.search}: draw "
+                        "several samples with different --seed values instead")
     if self.temperature <= 0:
       raise ConfigError(f"--temperature must be > 0, got {self.temperature:g}")
     if self.top_k < 0:
@@ -83,18 +87,21 @@ class SearchSettings:
     if self.tokens_per_batch < 1:
       raise ConfigError(f"--tokens_per_batch must be >= 1, got {self.tokens_per_batch}")
 
+  @property
+  def search_class(self) -> type[decoding.Search]:
+    """The registered search these settings run (beam search of one hypothesis is greedy)."""
+    name = "greedy" if self.search == "beam" and self.beam_size == 1 else self.search
+    return decoding.SEARCHES[name]
+
   def describe(self) -> dict[str, Any]:
     """The settings that matter for this search (for reports and metrics)."""
-    base = {"max_extra_len": self.max_extra_len}
+    described = self.search_class.from_settings(self).describe()
+    if described["search"] == "greedy":  # reports of greedy search have always named the alpha
+      described["alpha"] = self.alpha
+    described["max_extra_len"] = self.max_extra_len
     if self.min_len:  # reports of the default search keep their keys
-      base["min_len"] = self.min_len
-    if self.sampling:
-      return {"search": "sample", "temperature": self.temperature, "top_k": self.top_k,
-              "top_p": self.top_p, "seed": self.seed, **base}
-    if self.beam_size == 1:
-      return {"search": "greedy", "beam_size": 1, "alpha": self.alpha, **base}
-    return {"search": "beam", "beam_size": self.beam_size, "alpha": self.alpha,
-            "nbest": self.nbest, **base}
+      described["min_len"] = self.min_len
+    return described
 
 
 @dataclasses.dataclass
@@ -105,29 +112,15 @@ class Translations:
 
 
 def search_fn(models: Sequence[Transformer], settings: SearchSettings, decode_len: int,
-               slots: int, forced_lengths: bool = False) -> Callable:
-  """(params, src, limits, index) -> tokens [N, n, L], scores [N, n], log-probs [N, n] for a queue
-  of N sentences decoded `slots` at a time (`forced_lengths`: EOS forbidden before the limit, else
-  before `settings.min_len` tokens where the limit leaves room)."""
+              slots: int, forced_lengths: bool = False) -> Callable:
+  """(params, src, limits, index) -> decoding.Result [N, n, ...] for a queue of N sentences
+  decoded `slots` at a time (`forced_lengths`: EOS forbidden before the limit, else before
+  `settings.min_len` tokens where the limit leaves room)."""
   def fn(params, src, limits, index):
-    # decode.py counts a minimum length with its EOS; min_len counts the tokens before it.
-    min_lengths = (limits if forced_lengths else
-                   jnp.minimum(limits, settings.min_len + 1) if settings.min_len else None)
-    if settings.sampling:
-      keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.key(settings.seed), index)
-      tokens, log_probs = decode.sample(models, params, src, limits, decode_len, keys,
-                                        settings.temperature, settings.top_k, settings.top_p, slots,
-                                        min_lengths)
-      return tokens[:, None], log_probs[:, None], log_probs[:, None]
-    if settings.beam_size == 1:
-      tokens, log_probs = decode.greedy_search(models, params, src, limits, decode_len, slots,
-                                               min_lengths)
-      return tokens[:, None], log_probs[:, None], log_probs[:, None]
-    tokens, scores = decode.beam_search_nbest(models, params, src, limits, decode_len,
-                                              settings.beam_size, settings.alpha, settings.nbest,
-                                              min_lengths, slots)
-    lengths = (tokens != PAD_ID).sum(-1)
-    return tokens, scores, scores * decode.length_penalty(lengths, settings.alpha)
+    min_len = (limits - 1 if forced_lengths else
+               jnp.minimum(limits - 1, settings.min_len) if settings.min_len else None)
+    search = settings.search_class.from_settings(settings, index)
+    return decoding.decode(search, models, params, src, limits, decode_len, min_len, slots)
   return fn
 
 
@@ -149,7 +142,7 @@ def _batches(lengths: Sequence[int], tokens_per_batch: int, limit: int, multiple
   """(padded length, rows, member indices) for the non-empty items, shortest first.
 
   A batch holds about `tokens_per_batch` tokens; with `queue_batches` > 1 a queue of up to that
-  many batches' worth of sentences goes to one call, decoded `rows` at a time (decode.py's slots).
+  many batches' worth of sentences goes to one call, decoded `rows` at a time (decoding/loop.py's slots).
   """
   order = sorted((i for i, n in enumerate(lengths) if n), key=lambda i: lengths[i])
   groups: dict[int, list[int]] = {}
@@ -190,7 +183,7 @@ def search_ids(models: Transformer | Sequence[Transformer], params: Any,
   `output_lengths` makes every hypothesis exactly that long (EOS forbidden before, forced there):
   the benchmark's way to do realistic work with untrained parameters.
   """
-  models, params = decode.as_ensemble(models, params)
+  models, params = decoding.as_ensemble(models, params)
   compiled_cache = {} if compiled_cache is None else compiled_cache
   mesh = partitioning.data_mesh()
   results: list[list[tuple[list[int], float, float]]] = [[] for _ in ids]
@@ -221,7 +214,8 @@ def search_ids(models: Transformer | Sequence[Transformer], params: Any,
         compiled_cache[key] = fn.lower(*args).compile()
         compile_time += time.time() - t
       t = time.time()
-      tokens, scores, log_probs = jax.device_get(compiled_cache[key](*args))
+      result = jax.device_get(compiled_cache[key](*args))
+      tokens, scores, log_probs = result.tokens, result.scores, result.log_probs
       decode_time += time.time() - t
       for row, i in enumerate(chunk):
         for out, score, log_prob in zip(tokens[row].tolist(), scores[row], log_probs[row]):
@@ -245,9 +239,9 @@ def translate(models: Transformer | Sequence[Transformer], params: Any,
   one of their parameters, sharing `vocab`).
 
   Sources longer than `max_source_len` tokens are truncated (and counted). Empty sources give empty
-  translations. beam_size 1 is greedy search; `settings.sampling` samples (one key per sentence,
-  from `settings.seed` and the sentence's index, so a sentence's sample does not depend on the
-  batch it lands in).
+  translations. beam_size 1 is greedy search; `settings.search` 'sample' samples (one key per
+  sentence, from `settings.seed` and the sentence's index, so a sentence's sample does not depend
+  on the batch it lands in).
   """
   ids, truncated = _source_ids(vocab, sentences, max_source_len)
   results, stats = search_ids(models, params, ids, settings, max_source_len, compiled_cache)
@@ -260,7 +254,7 @@ def translate(models: Transformer | Sequence[Transformer], params: Any,
 
 @functools.cache
 def _scoring_fn(models: tuple[Transformer, ...]) -> Callable:
-  return jax.jit(functools.partial(decode.forced_log_probs, models))
+  return jax.jit(functools.partial(decoding.forced_log_probs, models))
 
 
 def score(models: Transformer | Sequence[Transformer], params: Any,
@@ -270,7 +264,7 @@ def score(models: Transformer | Sequence[Transformer], params: Any,
   its tokens (EOS included), as training computes them. Returns per pair: log_prob, tokens,
   token_log_probs, pieces. A side longer than `max_len` tokens or an empty target is an error (a
   truncated target would get the score of another sentence)."""
-  models, params = decode.as_ensemble(models, params)
+  models, params = decoding.as_ensemble(models, params)
   if len(sources) != len(targets):
     raise ConfigError(f"{len(sources)} source lines but {len(targets)} target lines; give one "
                       "target per source")

@@ -1,0 +1,101 @@
+"""The contract every search keeps, and what the slot loop (loop.py) hands it at each step.
+
+A search is a small frozen object of settings (beam size, length penalty, ...) with five pure
+methods over a typed state of its own (a `flax.struct` dataclass with a leading slot axis R):
+
+    fresh(slots, decode_len)  -> state       an empty state for R slots
+    inputs(state, position)   -> tokens [R, G], origin [R, G, L]
+    update(state, step: Step) -> state       consume one step's log-probabilities
+    decided(state, limit)     -> [R] bool    nothing better can come for this sentence
+    result(state)             -> Result      what a decided slot writes out
+
+G is the search's `beam_size` (hypotheses the decoder advances per sentence; 1 for greedy search
+and sampling). `origin` says, for every hypothesis and earlier position, which of the G cache slots
+holds its keys and values (the cache is never reordered; loop.history_mask). The loop refills
+slots, runs the decoder, forbids impossible tokens in `Step.log_probs`, and writes results out; a
+search only chooses tokens. Searches are registered by name in decoding/__init__.py.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from transformer.model import BOS_ID, EOS_ID, PAD_ID
+
+IMPOSSIBLE = -1.0e7  # the score of a forbidden token or an empty hypothesis: finite, so sums stay NaN-free
+
+
+@flax.struct.dataclass
+class Step:
+  """One decoding step as a search sees it, per slot (R slots, G hypotheses, V tokens, L positions)."""
+  log_probs: jax.Array  # [R, G, V] next-token log-probabilities, forbidden tokens at IMPOSSIBLE
+  origin: jax.Array     # [R, G, L] the `origin` returned by `inputs` for this step
+  position: jax.Array   # [R] index of the token being chosen (= tokens generated so far)
+  limit: jax.Array      # [R] the sentence's output length limit, EOS included
+  sentence: jax.Array   # [R] the slot's sentence (index into the queue)
+
+
+@flax.struct.dataclass
+class Result:
+  """A decided slot's n-best list, best first: tokens [R, n, L] (PAD after EOS), the score the
+  search ranks by and the model's log-probability, both [R, n] (IMPOSSIBLE where fewer)."""
+  tokens: jax.Array
+  scores: jax.Array
+  log_probs: jax.Array
+
+
+class Search(abc.ABC):
+  """A decoding strategy. Subclasses are frozen dataclasses of settings, so jit sees constants."""
+  name: ClassVar[str]
+  beam_size: int = 1  # G: hypotheses the decoder advances per sentence
+  nbest: int = 1      # hypotheses written out per sentence
+
+  @classmethod
+  @abc.abstractmethod
+  def from_settings(cls, settings: Any, index: jax.Array | None = None) -> Search:
+    """The search a `translator.SearchSettings` asks for; `index` [N]: each queue entry's sentence
+    number in the input (for per-sentence randomness that does not depend on batching)."""
+
+  @abc.abstractmethod
+  def fresh(self, slots: int, decode_len: int) -> Any: ...
+
+  @abc.abstractmethod
+  def inputs(self, state: Any, position: jax.Array) -> tuple[jax.Array, jax.Array]: ...
+
+  @abc.abstractmethod
+  def update(self, state: Any, step: Step) -> Any: ...
+
+  @abc.abstractmethod
+  def decided(self, state: Any, limit: jax.Array) -> jax.Array: ...
+
+  @abc.abstractmethod
+  def result(self, state: Any) -> Result: ...
+
+  def describe(self) -> dict[str, Any]:
+    """The settings that identify this search in reports and metrics."""
+    return {"search": self.name}
+
+
+def allowed(log_probs: jax.Array, at_limit: jax.Array, too_short: jax.Array) -> jax.Array:
+  """`log_probs` [R, G, V] with PAD and BOS forbidden everywhere, every token but EOS in the rows
+  `at_limit` [R], and EOS in the rows `too_short` [R]."""
+  token = jnp.arange(log_probs.shape[-1])
+  at_limit, too_short = at_limit[:, None, None], too_short[:, None, None]
+  forbidden = ((token == PAD_ID) | (token == BOS_ID) | (at_limit & (token != EOS_ID))
+               | (too_short & (token == EOS_ID)))
+  return jnp.where(forbidden, IMPOSSIBLE, log_probs)
+
+
+def at_position(position: jax.Array, decode_len: int) -> jax.Array:
+  """[R, 1, L] one-hot of each slot's `position`, for per-slot writes into [R, *, L] arrays."""
+  return (jnp.arange(decode_len) == position[:, None])[:, None, :]
+
+
+def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
+  """GNMT's lp(n) = ((5 + n) / 6) ** alpha; n counts generated tokens, EOS included."""
+  return ((5.0 + length.astype(jnp.float32)) / 6.0) ** alpha
