@@ -16,7 +16,7 @@ def test_benchmark_reports_consistent_figures(tmp_path):
   (tmp_path / "disk").mkdir()
   result = benchmark(cfg, batch_tokens=100, seq_len=8, steps=2, warmup=0, decode_sentences=6,
                      peak_tflops=2.0, checkpoint_saves=2, checkpoint_dir=str(tmp_path / "disk"),
-                     real_batches=4)
+                     real_batches=4, reference_sentences=3)
   assert result["rows"] == 12 and result["target_tokens_per_step"] == 96
   assert result["target_tokens_per_sec"] == pytest.approx(96 / result["step_sec_median"])
   flops = training_flops_per_target_token(
@@ -36,6 +36,9 @@ def test_benchmark_reports_consistent_figures(tmp_path):
     assert tokens == pytest.approx(6 * result["decode_mean_output_len"])
     assert result[f"decode_beam{beam}_sentences_per_sec"] == pytest.approx(
         6 / result[f"decode_beam{beam}_sec"])
+  # --reference: three of the beam search's hypotheses are the plain reference search's
+  assert result["reference_sentences"] == 3 and result["reference_same_hypotheses"] == 3
+  assert result["reference_max_score_difference"] < 1e-5
   # the config's own batches: the first 4 the training pipeline makes, their real target tokens
   (tmp_path / "data").mkdir()
   _, train_pipeline, _ = training_inputs(cfg, tmp_path / "data", num_devices=1)

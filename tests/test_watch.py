@@ -15,7 +15,7 @@ from transformer.watch import watch
 def watch_run(workdir, **kwargs):
   """What transformer-eval --watch --beam_size=1 runs."""
   return watch(str(workdir), lambda step: evaluate(str(workdir), step=step, beam_size=1),
-               poll_seconds=0.01, **kwargs)
+               poll_seconds=0.01, search_tag="_greedy", **kwargs)
 
 
 def test_watcher_evaluates_each_new_checkpoint_once_and_stops(tmp_path):
@@ -40,3 +40,11 @@ def test_watcher_evaluates_each_new_checkpoint_once_and_stops(tmp_path):
   (workdir / checkpoints.CONFIG_FILE).write_text(json.dumps(run_config))
   assert watch_run(workdir, idle_minutes=1e-4) == []
   assert len(read_metrics(workdir, "bleu")) == 3
+  # Steps scored with greedy search are not done for the config's beam search, whose reports keep
+  # their own names beside greedy's.
+  kept = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+  assert kept[-1] == 6
+  assert watch(str(workdir), lambda step: evaluate(str(workdir), step=step), poll_seconds=0.01,
+               idle_minutes=1e-4) == kept
+  assert {p.name for p in (workdir / "eval").glob("*_step6*.json")} == {
+      "validation_step6.json", "validation_step6_greedy.json"}

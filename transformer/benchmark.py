@@ -9,7 +9,8 @@ of `--seq_len` tokens, no padding; as many source tokens; default: the config's 
 greedy and beam search as the evaluation program runs them (`decode.*` settings) on
 `--decode_sentences` real evaluation sentences (or synthetic ones) decoded to their references'
 lengths, and `--checkpoint_saves` asynchronous checkpoint saves (how long each stops training).
-With `--real_batches=N` it also times N steps on the config's own training batches (bucket padding
+With `--reference=N` it checks N of the beam search's hypotheses against reference.py's plain
+search. With `--real_batches=N` it also times N steps on the config's own training batches (bucket padding
 and all) and reports real target tokens/s: the figure the training log prints.
 Prints one JSON object (and writes it to `--output`): target tokens/s, step time (median, spread),
 analytic training FLOPs per step (info.training_flops_per_target_token), MFU against the device's
@@ -40,7 +41,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import checkpoints, partitioning, translator
+from transformer import checkpoints, partitioning, reference, translator
 from transformer.cli import (
   define_distributed_flags,
   initialize_distributed,
@@ -113,11 +114,13 @@ def device_peak(flag: float | None, measure: bool, dtype, device_kind: str
 def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int | None, seq_len: int, steps: int,
               warmup: int, decode_sentences: int = 0, peak_tflops: float | None = None,
               measure_peak: bool = False, checkpoint_saves: int = 0,
-              checkpoint_dir: str | None = None, real_batches: int = 0) -> dict[str, Any]:
+              checkpoint_dir: str | None = None, real_batches: int = 0,
+              reference_sentences: int = 0) -> dict[str, Any]:
   """Times training steps (on batches of `batch_tokens`, default the config's
   data.tokens_per_batch), then `real_batches` steps on the config's own training batches if asked,
-  decoding if `decode_sentences` (-1: the whole evaluation split) and checkpoint saves if
-  `checkpoint_saves`; returns the figures as a dict."""
+  decoding if `decode_sentences` (-1: the whole evaluation split; `reference_sentences` of them
+  checked against the reference search) and checkpoint saves if `checkpoint_saves`; returns the
+  figures as a dict."""
   validate(cfg)
   batch_tokens = batch_tokens or cfg.data.tokens_per_batch
   mesh = partitioning.make_mesh(cfg, cfg.data.vocab_size)
@@ -151,7 +154,7 @@ def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int | None, seq_len:
     result.update(benchmark_real_batches(cfg, fns, holder, mesh, real_batches))
   if decode_sentences:
     result.update(benchmark_decode(cfg, model, holder["state"].params, seq_len, decode_sentences,
-                                   sorted({1, cfg.decode.beam_size})))
+                                   sorted({1, cfg.decode.beam_size}), reference_sentences))
   if checkpoint_saves:
     result.update(benchmark_checkpoint(holder, one_step, checkpoint_saves, checkpoint_dir))
   result["peak_memory_bytes"] = peak_memory_bytes()
@@ -274,13 +277,16 @@ def decode_workload(cfg: ml_collections.ConfigDict, vocab_size: int, sentences: 
 
 
 def benchmark_decode(cfg: ml_collections.ConfigDict, model: Transformer, params: Any, seq_len: int,
-                     sentences: int, beams: list[int]) -> dict[str, Any]:
+                     sentences: int, beams: list[int], reference_sentences: int = 0
+                     ) -> dict[str, Any]:
   """Decoding as the evaluation program runs it (translator.search_ids: length buckets, batches of
   decode.tokens_per_batch source tokens, decode.alpha), once per beam size in `beams` (1 = greedy).
 
   Every hypothesis is decoded to a realistic length (decode_workload) whatever the (untrained)
   parameters: EOS is forbidden before it and forced there, so every run does the same work.
-  transformer-eval reports the speed of a trained model, which also stops early.
+  transformer-eval reports the speed of a trained model, which also stops early. With
+  `reference_sentences`, that many of the beam search's results are checked against
+  reference.beam_search (`against_reference`).
   """
   src, lengths, origin = decode_workload(cfg, model.config.vocab_size, sentences, seq_len)
   result: dict[str, Any] = {"decode_data": origin, "decode_sentences": len(src),
@@ -290,13 +296,37 @@ def benchmark_decode(cfg: ml_collections.ConfigDict, model: Transformer, params:
     log.info("Decoding %d sentences with %s (%s)", len(src),
              "greedy search" if beam == 1 else f"beam {beam}", origin)
     settings = translator.SearchSettings.from_config(cfg, beam_size=beam)
-    _, stats = translator.search_ids(model, params, src, settings, cfg.data.max_len,
-                                     output_lengths=lengths)
+    found, stats = translator.search_ids(model, params, src, settings, cfg.data.max_len,
+                                         output_lengths=lengths)
     result.update({f"decode_beam{beam}_sentences_per_sec": stats["sentences_per_sec"],
                    f"decode_beam{beam}_target_tokens_per_sec": stats["target_tokens_per_sec"],
                    f"decode_beam{beam}_sec": stats["decode_sec"],
                    f"decode_beam{beam}_compile_sec": stats["compile_sec"]})
+    if reference_sentences and beam == max(beams):
+      result.update(against_reference(model, params, src, lengths, found, settings,
+                                      reference_sentences))
   return result
+
+
+def against_reference(model: Transformer, params: Any, src: list[list[int]], lengths: list[int],
+                      found: list, settings: translator.SearchSettings, count: int
+                      ) -> dict[str, Any]:
+  """The fast search's best hypotheses and scores beside reference.beam_search's (full forward
+  passes, no cache) on the first `count` sentences of the workload, decoded to the same lengths."""
+  same, worst, t = 0, 0.0, time.perf_counter()
+  count = min(count, len(src))
+  for i in range(count):
+    expected = reference.beam_search(model, params, np.asarray(src[i]), lengths[i],
+                                     settings.beam_size, settings.alpha, min_len=lengths[i] - 1)
+    tokens, score, _ = found[i][0]
+    same += tuple(tokens) == expected[0][0]
+    worst = max(worst, abs(score - expected[0][1]))
+  if same < count or worst > 1e-5:
+    log.warning("The fast search differs from the reference: %d of %d hypotheses the same, "
+                "largest score difference %.2e", same, count, worst)
+  return {"reference_sentences": count, "reference_same_hypotheses": same,
+          "reference_max_score_difference": worst,
+          "reference_sec": time.perf_counter() - t}
 
 
 def benchmark_input(cfg, batches: int) -> dict:
@@ -331,7 +361,8 @@ def main(argv: list[str]) -> None:
   else:
     result = benchmark(FLAGS.config, FLAGS.batch_tokens, FLAGS.seq_len, FLAGS.steps,
                        FLAGS.warmup, FLAGS.decode_sentences, FLAGS.peak_tflops, FLAGS.measure_peak,
-                       FLAGS.checkpoint_saves, FLAGS.checkpoint_dir, FLAGS.real_batches)
+                       FLAGS.checkpoint_saves, FLAGS.checkpoint_dir, FLAGS.real_batches,
+                       FLAGS.reference)
   text = json.dumps(result)
   if jax.process_index() == 0:
     print(text)
@@ -354,6 +385,9 @@ def run() -> None:
   flags.DEFINE_integer("checkpoint_saves", 3, "Timed asynchronous checkpoint saves (0 = skip).")
   flags.DEFINE_string("checkpoint_dir", None, "Where to write them (default: a temporary "
                       "directory); put it on the disk of your workdirs.")
+  flags.DEFINE_integer("reference", 0, "Also decode this many of the beam search's sentences with "
+                       "reference.beam_search (full forward passes, no cache) and report whether "
+                       "the hypotheses and scores agree (slow: a check, not a timing).")
   flags.DEFINE_integer("real_batches", 0, "Also time this many steps on the config's own training "
                        "batches (padding included; all their shapes compiled first) and report "
                        "real target tokens/s, the figure the training log prints.")

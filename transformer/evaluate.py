@@ -23,7 +23,7 @@ from typing import Any
 
 from absl import app, flags
 
-from transformer import bleu, progress, runs, translator
+from transformer import bleu, checkpoints, progress, runs, translator
 from transformer.cli import define_progress_flag, define_search_flags, run_program, search_overrides
 from transformer.config import ConfigError
 from transformer.data import sources
@@ -40,11 +40,12 @@ def test_set_name(split: str | None, source_file: str | None) -> str:
 
 
 def report_path(workdir: str | Path, test_set: str, step: int, averaged: int = 1,
-                ensemble: int = 1, ema: bool = False, min_len: int = 0) -> Path:
-  """WORKDIR/eval/<test set>_step<N>[_avg<K>][_ens<M>][_min<L>][_ema].json; the hypotheses sit
-  beside it as .hyp.txt (and the n-best lists as .nbest.jsonl). A minimum output length has its own
-  name, so comparing it with the default search keeps both reports."""
-  suffix = evaluation_suffix(averaged, ensemble, ema, min_len)
+                ensemble: int = 1, ema: bool = False, min_len: int = 0, search: str = "") -> Path:
+  """WORKDIR/eval/<test set>_step<N>[_avg<K>][_ens<M>][<search>][_min<L>][_ema].json; the
+  hypotheses sit beside it as .hyp.txt (and the n-best lists as .nbest.jsonl). A search other than
+  the run config's (`search`: SearchSettings.tag) and a minimum output length have their own names,
+  so comparing them with the default search keeps every report."""
+  suffix = evaluation_suffix(averaged, ensemble, ema, min_len, search)
   return Path(workdir) / "eval" / f"{test_set}_step{step}{suffix}.json"
 
 
@@ -76,6 +77,7 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
   models = tuple(run.model for run in loaded)
   params = tuple(run.params(ema) for run in loaded)
   settings = translator.SearchSettings.from_config(cfg, **search)
+  tag = settings.tag(translator.SearchSettings.from_config(cfg))
   if source_file:
     text = sources.read_parallel(source_file, reference_file)
     name = test_set_name(split, source_file)
@@ -105,7 +107,8 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
             "test_set": name,
             "source": text.name, "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}",
             "sacrebleu": score, "chrf": chrf, "tokenized_bleu": paper_score,
-            "decode": settings.describe(), **stats, "total_sec": time.time() - t}
+            "decode": settings.describe(), "search_tag": tag, **stats,
+            "total_sec": time.time() - t}
   report["files"] = write_report(report, result, text.source, settings)
   return report
 
@@ -117,7 +120,7 @@ def write_report(report: dict[str, Any], result: translator.Translations, source
   workdir, step, steps = report["workdir"], report["checkpoint_step"], report["averaged_steps"]
   members = len(report["ensemble"] or [None])
   json_path = report_path(workdir, report["test_set"], step, len(steps), members, report["ema"],
-                          settings.min_len)
+                          settings.min_len, report["search_tag"])
   hyp_path = json_path.with_suffix(".hyp.txt")
   json_path.parent.mkdir(exist_ok=True)
   hyp_path.write_text("".join(h + "\n" for h in result.hypotheses))
@@ -131,7 +134,8 @@ def write_report(report: dict[str, Any], result: translator.Translations, source
     writer.write("bleu", step, test_set=report["test_set"], averaged=len(steps), ensemble=members,
                  ema=report["ema"], bleu=report["sacrebleu"]["bleu"], chrf=report["chrf"]["chrf"],
                  tokenized_bleu=report["tokenized_bleu"]["bleu"],
-                 signature=report["sacrebleu"]["signature"], **settings.describe())
+                 signature=report["sacrebleu"]["signature"], search_tag=report["search_tag"],
+                 **settings.describe())
   return files
 
 
@@ -142,9 +146,13 @@ def main(argv: list[str]) -> None:
   search = search_overrides()
   compiled: dict = {}  # beam searches compiled once, for every checkpoint and parameter set
   if FLAGS.watch:
+    cfg = checkpoints.load_run_config(FLAGS.workdir)
+    settings = translator.SearchSettings.from_config(cfg, **search)
     watch(FLAGS.workdir, lambda step: evaluate(FLAGS.workdir, step=step, compiled_cache=compiled,
                                                ema=FLAGS.ema, **search),
-          poll_seconds=FLAGS.poll_seconds, idle_minutes=FLAGS.idle_minutes)
+          poll_seconds=FLAGS.poll_seconds, idle_minutes=FLAGS.idle_minutes,
+          search_tag=settings.tag(translator.SearchSettings.from_config(cfg)),
+          min_len=settings.min_len)
     return
   args = (FLAGS.workdir, FLAGS.step, FLAGS.split, FLAGS.source_file, FLAGS.reference_file,
           FLAGS.average_last, FLAGS.ensemble)

@@ -70,12 +70,14 @@ class MetricWriter:
 
 
 def evaluation_suffix(averaged: int = 1, ensemble: int = 1, ema: bool = False,
-                      min_len: int = 0) -> str:
+                      min_len: int = 0, search: str = "") -> str:
   """What names an evaluation beside its test set and step, in report files and TensorBoard:
-  _avg<K> (K checkpoints averaged), _ens<M> (an ensemble of M runs), _min<L> (a minimum output
-  length), _ema (the parameters' moving average); '' for one checkpoint's own parameters."""
+  _avg<K> (K checkpoints averaged), _ens<M> (an ensemble of M runs), the search where it is not
+  the run config's (translator.SearchSettings.tag: _greedy, _beam8, ...), _min<L> (a minimum
+  output length), _ema (the parameters' moving average); '' for one checkpoint's own parameters
+  and the config's search."""
   return ((f"_avg{averaged}" if averaged > 1 else "") + (f"_ens{ensemble}" if ensemble > 1 else "")
-          + (f"_min{min_len}" if min_len else "") + ("_ema" if ema else ""))
+          + search + (f"_min{min_len}" if min_len else "") + ("_ema" if ema else ""))
 
 
 def tensorboard_scalars(record: dict[str, Any]) -> dict[str, float]:
@@ -84,8 +86,9 @@ def tensorboard_scalars(record: dict[str, Any]) -> dict[str, float]:
   set> and tokenized_bleu/<test set> (with `evaluation_suffix`)."""
   event = record["event"]
   if event == "bleu":
-    name = record["test_set"] + evaluation_suffix(record.get("averaged", 1), record.get("ensemble", 1),
-                                                  record.get("ema", False), record.get("min_len", 0))
+    name = record["test_set"] + evaluation_suffix(
+        record.get("averaged", 1), record.get("ensemble", 1), record.get("ema", False),
+        record.get("min_len", 0), record.get("search_tag", ""))
     return {f"{kind}/{name}": record[kind] for kind in ("bleu", "chrf", "tokenized_bleu")
             if kind in record}
   if event not in TENSORBOARD_EVENTS:

@@ -93,6 +93,22 @@ class SearchSettings:
     name = "greedy" if self.search == "beam" and self.beam_size == 1 else self.search
     return decoding.SEARCHES[name]
 
+  def tag(self, default: SearchSettings) -> str:
+    """What names this search in report files beside `default` (the run config's): '' for the
+    same search, else e.g. '_greedy', '_beam8_alpha1', '_sample_seed3', '_extra20'; so another
+    search never overwrites the default's report. (A minimum length has its own '_min<L>'.)"""
+    mine, theirs = self.describe(), default.describe()
+    mine.pop("min_len", None)
+    theirs.pop("min_len", None)
+    parts = [] if mine["search"] == theirs["search"] else [mine["search"]]
+    short = {"beam_size": "beam", "max_extra_len": "extra", "temperature": "t", "top_k": "k",
+             "top_p": "p"}
+    for key, value in mine.items():
+      if key != "search" and (mine["search"] != theirs["search"] or value != theirs.get(key)):
+        if mine["search"] == theirs["search"] or key in ("seed", "temperature", "top_k", "top_p"):
+          parts.append(f"{short.get(key, key)}{value:g}")
+    return "".join(f"_{p}" for p in parts)
+
   def describe(self) -> dict[str, Any]:
     """The settings that matter for this search (for reports and metrics)."""
     described = self.search_class.from_settings(self).describe()

@@ -27,10 +27,14 @@ log = logging.getLogger("transformer")
 BEST_FILE = "best.json"
 
 
-def evaluated_steps(workdir: str | Path, test_set: str) -> set[int]:
-  """Steps already evaluated on `test_set` (single checkpoints), from metrics.jsonl."""
+def evaluated_steps(workdir: str | Path, test_set: str, search_tag: str = "", min_len: int = 0
+                    ) -> set[int]:
+  """Steps already evaluated on `test_set` (single checkpoints) with this search (its
+  SearchSettings.tag and minimum length), from metrics.jsonl: a step scored with another search
+  is not done."""
   return {r["step"] for r in read_metrics(workdir, "bleu")
-          if r.get("test_set") == test_set and r.get("averaged", 1) == 1}
+          if r.get("test_set") == test_set and r.get("averaged", 1) == 1
+          and r.get("search_tag", "") == search_tag and r.get("min_len", 0) == min_len}
 
 
 def update_best(workdir: Path, report: dict) -> dict:
@@ -46,12 +50,13 @@ def update_best(workdir: Path, report: dict) -> dict:
 
 
 def watch(workdir: str, evaluate_step: Callable[[int], dict], poll_seconds: float = 60,
-          idle_minutes: float = 0) -> list[int]:
+          idle_minutes: float = 0, search_tag: str = "", min_len: int = 0) -> list[int]:
   """Evaluates new checkpoints with `evaluate_step(step) -> report` (evaluate.evaluate with the
-  program's flags) until training has finished; returns the steps evaluated."""
+  program's flags: its search's `search_tag` and `min_len`) until training has finished; returns
+  the steps evaluated."""
   workdir = Path(workdir)
   test_set = checkpoints.load_run_config(workdir).data.eval_split
-  done = evaluated_steps(workdir, test_set)
+  done = evaluated_steps(workdir, test_set, search_tag, min_len)
   evaluated, last_new = [], time.time()
   log.info("Watching %s for new checkpoints (every %.0fs)", workdir / checkpoints.CHECKPOINT_DIR,
            poll_seconds)
