@@ -199,15 +199,15 @@ def test_the_programs_write_nbest_lists_scores_samples_and_ensemble_reports(trai
   assert out.returncode == 0, out.stderr[-3000:]
   assert "ensemble of 2 runs" in out.stdout and "chrF" in out.stdout
   assert "(moving average of the parameters)" in out.stdout
-  report = json.loads((workdir / "eval" / "validation_step6_ens2_ema.json").read_text())
-  raw = json.loads((workdir / "eval" / "validation_step6_ens2.json").read_text())
+  report = json.loads((workdir / "eval" / "validation_step6_ens2_beam2_nbest2_ema.json").read_text())
+  raw = json.loads((workdir / "eval" / "validation_step6_ens2_beam2_nbest2.json").read_text())
   assert report["ema"] and not raw["ema"]
   assert f"without the moving average (the checkpoint's own parameters): sacreBLEU " \
          f"{raw['sacrebleu']['bleu']:.2f}" in out.stdout
   single = evaluate(str(workdir), beam_size=2)  # the same model twice decodes as the model
   assert report["sacrebleu"]["bleu"] == pytest.approx(single["sacrebleu"]["bleu"])
   assert report["chrf"]["chrf"] == pytest.approx(single["chrf"]["chrf"])
-  nbest = (workdir / "eval" / "validation_step6_ens2_ema.nbest.jsonl").read_text().splitlines()
+  nbest = (workdir / "eval" / "validation_step6_ens2_beam2_nbest2_ema.nbest.jsonl").read_text().splitlines()
   assert len(nbest) == 40 and len(json.loads(nbest[0])["hypotheses"]) == 2
 
 

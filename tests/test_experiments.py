@@ -14,11 +14,11 @@ import pytest
 import sacrebleu
 from helpers import REPO, tiny_run_config
 
-from experiments import results, significance, test_sets
-from experiments.grids import Grid, Variant, load_grid
-from experiments.run import base_arguments, plan, record, variant_config
 from transformer.config import ConfigError, base_config
 from transformer.data import sources
+from transformer.experiments import records, results, significance, test_sets
+from transformer.experiments.grids import Grid, Variant, load_grid
+from transformer.experiments.run import base_arguments, plan, variant_config
 
 
 def load_config(path):
@@ -66,7 +66,7 @@ def test_bad_variants_and_grids_are_named():
 
 
 def test_the_example_grid_is_valid_on_the_default_config():
-  grid = load_grid(str(REPO / "experiments/example_grid.py"))
+  grid = load_grid(str(REPO / "experiments/recipes/example_grid.py"))
   for variant in grid.variants:
     variant_config(load_config(REPO / "configs/multi30k.py"), variant, 0)
 
@@ -74,7 +74,7 @@ def test_the_example_grid_is_valid_on_the_default_config():
 def test_the_scaled_table3_changes_the_default_in_every_variant_at_equal_steps():
   from transformer.model import ModelConfig
   default = load_config(REPO / "configs/multi30k.py")
-  grid = load_grid(str(REPO / "experiments/table3_multi30k.py"))
+  grid = load_grid(str(REPO / "experiments/recipes/table3_multi30k.py"))
   configs = {v.name: variant_config(default, v, 0) for v in grid.variants}
   assert {c.train.steps for c in configs.values()} == {1200}
   settings = lambda c: json.dumps({**c.to_dict(), "train": {**c.train.to_dict(), "steps": 0}},
@@ -90,7 +90,7 @@ def test_the_scaled_table3_changes_the_default_in_every_variant_at_equal_steps()
 
 def test_a_grid_file_is_loaded_and_checked(tmp_path):
   good = tmp_path / "warmup.py"
-  good.write_text("from experiments.grids import Grid, Variant\n"
+  good.write_text("from transformer.experiments.grids import Grid, Variant\n"
                   "def get_grid():\n"
                   "  return Grid('warmup', [Variant('w400', {'train.warmup_steps': 400}),\n"
                   "                         Variant('w1600', {'train.warmup_steps': 1600})])\n")
@@ -139,11 +139,22 @@ def test_record_copies_what_exists_into_the_results_folder(tmp_path):
   (root / "test_sets").mkdir(parents=True)
   (root / "results.md").write_text("| table |\n")
   (root / "test_sets/long.json").write_text('{"sentences": 3}\n')
+  (root / "results.csv").write_text(f"variant,workdir\nbase,{Path.cwd().resolve()}/runs/x/seed0\n")
   folder = tmp_path / "experiments/results/grid"
-  record([root / "results.md", root / "test_sets/long.json", root / "curves.png"], folder)
-  assert sorted(p.name for p in folder.iterdir()) == ["long.json", "results.md"]  # no curves yet
+  folder.mkdir(parents=True)
+  (folder / "README.md").write_text("# old\n\n## Notes\n\nWhat the numbers mean.\n")
+  files = [root / "results.md", root / "results.csv", root / "test_sets/long.json", root / "curves.png"]
+  records.record(files, folder, "Experiment `grid`", 125.0, ["transformer-experiment", "grid"])
+  assert sorted(p.name for p in folder.iterdir()) == [  # no curves yet
+      "README.md", "long.json", "results.csv", "results.md"]
   assert (folder / "results.md").read_text() == "| table |\n"
   assert json.loads((folder / "long.json").read_text()) == {"sentences": 3}
+  assert (folder / "results.csv").read_text() == "variant,workdir\nbase,runs/x/seed0\n"
+  readme = (folder / "README.md").read_text()
+  assert readme.startswith("# Experiment `grid`\n")
+  for line in ("- command: `transformer-experiment grid`", "- commit: ", "- date: 20", "- JAX 0.",
+               "- CPU: ", "- wall time: 2.1 min", "## Notes\n\nWhat the numbers mean.\n"):
+    assert line in readme, line
 
 
 class WordVocab:
@@ -269,8 +280,22 @@ def write_short_sentence_config(tmp_path):
 
 def run_experiment(*args):
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
-  return subprocess.run([sys.executable, "-m", "experiments.run", *args], cwd=REPO, env=env,
+  return subprocess.run([sys.executable, "-m", "transformer.experiments.run", *args], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=900)
+
+
+def check_results(root, long_info):
+  """results.csv of the tiny grid: both runs finished, workdirs relative to it, scores = reports."""
+  with (root / "results.csv").open() as f:
+    rows = list(csv.DictReader(f))
+  assert [(r["variant"], r["finished"], r["steps_done"], r["workdir"]) for r in rows] == [
+      ("sinusoidal", "True", "6", "sinusoidal/seed0"), ("learned", "True", "6", "learned/seed0")]
+  for row in rows:
+    report = json.loads((root / row["workdir"] / "eval/long_step6.json").read_text())
+    assert float(row["long_bleu"]) == pytest.approx(report["sacrebleu"]["bleu"])
+    assert report["sacrebleu"]["lines"] == long_info["sentences"]
+    assert float(row["dev_ppl"]) > 1
+  return rows
 
 
 def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
@@ -298,17 +323,9 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   assert "learned seed 0: resuming from step 3 to step 6" in done.stderr
   assert "sinusoidal seed 0: training to step 6" in done.stderr
   assert "Resumed from the checkpoint at step 3" in (root / "learned/seed0/train.log").read_text()
-  with (root / "results.csv").open() as f:
-    rows = list(csv.DictReader(f))
-  assert [(r["variant"], r["finished"], r["steps_done"]) for r in rows] == [
-      ("sinusoidal", "True", "6"), ("learned", "True", "6")]
-  for row in rows:
-    report = json.loads((Path(row["workdir"]) / "eval/long_step6.json").read_text())
-    assert float(row["long_bleu"]) == pytest.approx(report["sacrebleu"]["bleu"])
-    assert report["sacrebleu"]["lines"] == long_info["sentences"]
-    assert float(row["dev_ppl"]) > 1
+  rows = check_results(root, long_info)
   # The paired bootstrap of learned against sinusoidal on each set, from their translations.
-  runs = {r["variant"]: Path(r["workdir"]) for r in rows}
+  runs = {r["variant"]: root / r["workdir"] for r in rows}
   for name, refs, stem in (("dev", (tmp_path / "val.de").read_text().splitlines(), "validation"),
                            ("long", sources.read_lines(long_info["reference_file"]), "long")):
     hyps = [(runs[v] / "eval" / f"{stem}_step6.hyp.txt").read_text().split("\n")[:-1]
@@ -345,7 +362,7 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   assert [p.stat().st_mtime_ns for p in reports] == stamps and (root / "results.md").read_text() == table
   with (root / "min_len1/results.csv").open() as f:
     for row in csv.DictReader(f):
-      report = json.loads((Path(row["workdir"]) / "eval/long_step6_min1.json").read_text())
+      report = json.loads((root / "min_len1" / row["workdir"] / "eval/long_step6_min1.json").read_text())
       assert float(row["long_bleu"]) == pytest.approx(report["sacrebleu"]["bleu"])
       assert report["decode"]["min_len"] == 1
   assert "--min_len=1" in (root / "min_len1/commands.sh").read_text()
@@ -373,7 +390,7 @@ def test_paired_bootstrap_is_koehns_test_on_sacrebleu(rng):
 
 
 def test_the_curve_reads_the_last_checkpoint_before_each_time_on_a_scaled_clock():
-  from experiments.quality_per_minute import pick_steps
+  from experiments.analyses.quality_per_minute import pick_steps
   minutes_at = {250: 3.0, 500: 6.1, 750: 9.0, 1000: 12.2}
   assert pick_steps(minutes_at, [6, 10, 20]) == {"6 min": 250, "10 min": 750, "20 min": 1000,
                                                   "end": 1000}
@@ -383,7 +400,7 @@ def test_the_curve_reads_the_last_checkpoint_before_each_time_on_a_scaled_clock(
 
 
 def test_a_clock_scale_that_is_not_positive_is_one_clear_error(tmp_path):
-  out = subprocess.run([sys.executable, "-m", "experiments.quality_per_minute", str(tmp_path),
+  out = subprocess.run([sys.executable, "-m", "experiments.analyses.quality_per_minute", str(tmp_path),
                         "--clock_scale=0"], cwd=REPO, capture_output=True, text=True, check=False)
   assert out.returncode != 0
   assert "--clock_scale must be positive (a ratio of two machines' times), got 0" in out.stderr

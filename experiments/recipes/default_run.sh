@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's default run, timed: train configs/multi30k.py from scratch, evaluate the last
 # checkpoint with beam search, and print the figures quoted in the README.
-#   bash experiments/default_run.sh [WORKDIR]       (default WORKDIR: runs/m30k_default)
+#   bash experiments/recipes/default_run.sh [WORKDIR]       (default WORKDIR: runs/m30k_default)
 set -euo pipefail
 workdir=${1:-runs/m30k_default}
 if [ -e "$workdir" ]; then echo "refusing to overwrite $workdir; pass another WORKDIR" >&2; exit 1; fi

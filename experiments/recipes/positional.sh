@@ -5,10 +5,10 @@
 # rebuilds the record from the stored runs; `--collect_only` only rebuilds it. The second command scores
 # the same checkpoints with at least one token per translation (transformer-eval --min_len=1): the
 # empty translations the paper's search allows are not spread evenly over the variants (min_len1/).
-#   bash experiments/positional.sh [ROOT] [--collect_only]   (default ROOT: runs/experiments/positional_full)
+#   bash experiments/recipes/positional.sh [ROOT] [--collect_only]   (default ROOT: runs/experiments/positional_full)
 set -euo pipefail
 root=${1:-runs/experiments/positional_full}
-python -m experiments.run positional --base=configs/multi30k.py --seeds=3 --root="$root" \
+transformer-experiment positional --base=configs/multi30k.py --seeds=3 --root="$root" \
   --record=experiments/results/positional_full "${@:2}"
-python -m experiments.run positional --base=configs/multi30k.py --seeds=3 --root="$root" --min_len=1 \
+transformer-experiment positional --base=configs/multi30k.py --seeds=3 --root="$root" --min_len=1 \
   --record=experiments/results/positional_full/min_len1 "${@:2}"

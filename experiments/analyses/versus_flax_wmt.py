@@ -1,6 +1,6 @@
 """Our training step against the Flax WMT example's, side by side in one process, same batch and shape.
 
-    python -m experiments.versus_flax_wmt --flax_wmt_dir=PATH/flax/examples/wmt [--rows=64 --seq_len=32]
+    python -m experiments.analyses.versus_flax_wmt --flax_wmt_dir=PATH/flax/examples/wmt [--rows=64 --seq_len=32]
 
 The peer is the Flax WMT example itself (google/flax, examples/wmt), imported from a checkout you
 point at, not a copy: its `models.Transformer` and its `train.train_step` under `jax.pmap`, as its
@@ -142,4 +142,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  run_program("experiments.versus_flax_wmt", main)
+  run_program("experiments.analyses.versus_flax_wmt", main)

@@ -1,13 +1,13 @@
 """The default recipe's neighbours at equal CPU time: would another setting reach a better BLEU sooner?
 
-    python -m experiments.run experiments/recipe_sweep.py --base=configs/multi30k.py --seeds=1 \
+    transformer-experiment experiments/recipes/recipe_sweep.py --base=configs/multi30k.py --seeds=1 \
         --first_seed=1 --root=runs/experiments/recipe_sweep
 
 Each variant changes one setting of configs/multi30k.py and trains for the CPU time of the reference's
 first REFERENCE_STEPS steps (about a quarter of the 40-minute default run: what one session's CPU holds
 for a sweep; rankings this early can differ from those at the end). A variant whose step costs less gets
 more steps: STEP_COST is the variant's step time relative to the reference's, measured in one process
-with the two steps alternating (`python -m experiments.step_profile --versus=KEY=VALUE --rounds=4`,
+with the two steps alternating (`python -m experiments.analyses.step_profile --versus=KEY=VALUE --rounds=4`,
 2,048 padded tokens per side as in the default batches, 2-core VM, 2026-11-24; dropout 0's with
 --rounds=6 on 2026-11-23). The ratio, not the seconds, is what the grid uses. The inverse-square-root
 schedule and the moving average do not depend on train.steps, so a shortened run is exactly the first
@@ -18,7 +18,7 @@ on real batches, more padding in larger buckets), 18% fewer real tokens per seco
 updates, so they lose at equal time before training starts. Results: experiments/results/recipe_sweep/.
 """
 
-from experiments.grids import Grid, Variant
+from transformer.experiments.grids import Grid, Variant
 
 REFERENCE_STEPS = 1000
 STEP_COST = {  # step time relative to the reference's (step_profile --versus)

@@ -1,8 +1,8 @@
 """The accelerator table of docs/performance.md: the paper's configs compiled for named TPU slices and
 GPU clusters (transformer-compile's `check`, no hardware), one JSON per cell and a Markdown table.
 
-    python -m experiments.accelerators --out=experiments/results/accelerators
-    python -m experiments.accelerators --configs=configs/wmt14_ende.py:big --topologies=v5e-8 \
+    python -m experiments.analyses.accelerators --out=experiments/results/accelerators
+    python -m experiments.analyses.accelerators --configs=configs/wmt14_ende.py:big --topologies=v5e-8 \
         --out=/tmp/acc
 
 Each cell compiles the train step at the config's 25k-token batch on the config's mesh (data parallel
@@ -102,4 +102,4 @@ if __name__ == "__main__":
   flags.DEFINE_string("mesh", None, "data,fsdp,tensor for every cell (default: the config's).")
   flags.DEFINE_integer("seq_len", 64, "Tokens per row of the compiled batch.")
   flags.DEFINE_string("out", "experiments/results/accelerators", "Directory of the cells and table.")
-  run_program("experiments.accelerators", main, compilation_cache=False)
+  run_program("experiments.analyses.accelerators", main, compilation_cache=False)

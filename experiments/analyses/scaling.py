@@ -1,6 +1,6 @@
 """Throughput of each sharding strategy as the device count grows, one benchmark process per setting.
 
-    python -m experiments.scaling --config=configs/multi30k.py --devices=1,2,4,8 [--fake]
+    python -m experiments.analyses.scaling --config=configs/multi30k.py --devices=1,2,4,8 [--fake]
         [--strategies=data,fsdp,tensor] [--batch_tokens=2048] [--seq_len=16] [--steps=10]
 
 Runs `transformer-benchmark` for every (strategy, device count) at the same global batch and prints

@@ -1,10 +1,10 @@
 """Experiment grids: named variants of a base config, each a handful of config overrides.
 
-A grid is what `python -m experiments.run <grid>` trains, evaluates and tabulates. The built-in ones are
+A grid is what `transformer-experiment <grid>` trains, evaluates and tabulates. The built-in ones are
 the paper's Table 3 (`table3`) and the positional-encoding ablation (`positional`); a grid of your own is
-a Python file with a `get_grid()` that returns a `Grid` (see experiments/example_grid.py):
+a Python file with a `get_grid()` that returns a `Grid` (see experiments/recipes/example_grid.py):
 
-    from experiments.grids import Grid, Variant
+    from transformer.experiments.grids import Grid, Variant
 
     def get_grid():
       return Grid("warmup", [Variant("w400", {"train.warmup_steps": 400}),
@@ -37,7 +37,7 @@ class Variant:
 class Grid:
   """Variants compared against the first one, and extra test sets every run is evaluated on.
 
-  `test_sets` name builders in experiments/test_sets.py (e.g. 'long': sentences longer than any in
+  `test_sets` name builders in transformer/experiments/test_sets.py (e.g. 'long': sentences longer than any in
   training); the dev split of the base config is always evaluated.
   """
   name: str
@@ -100,8 +100,8 @@ def load_grid(name_or_path: str) -> Grid:
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   if not hasattr(module, "get_grid"):
-    raise ConfigError(f"{path} has no get_grid() function returning an experiments.grids.Grid")
+    raise ConfigError(f"{path} has no get_grid() function returning an transformer.experiments.grids.Grid")
   grid = module.get_grid()
   if not isinstance(grid, Grid):
-    raise ConfigError(f"{path}: get_grid() returned {type(grid).__name__}, not an experiments.grids.Grid")
+    raise ConfigError(f"{path}: get_grid() returned {type(grid).__name__}, not an transformer.experiments.grids.Grid")
   return grid

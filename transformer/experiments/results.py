@@ -5,21 +5,22 @@ checkpoint's step, metrics.jsonl ('eval' records for dev perplexity and the loss
 records for training time, 'summary' for parameters) and transformer-eval's JSON reports and
 translations: BLEU of the last checkpoint's parameters and, for runs that keep one, of their moving
 average; and beside every variant a paired bootstrap test against the first variant, seed by seed
-(experiments/significance.py).
+(transformer/experiments/significance.py).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments import significance
-from experiments.grids import Grid
 from transformer import checkpoints, plot
+from transformer.experiments import significance
+from transformer.experiments.grids import Grid
 from transformer.info import analytic_param_count
 from transformer.metrics import (
   METRICS_FILE,
@@ -60,7 +61,7 @@ def _report(path: Path) -> dict[str, Any] | None:
 
 
 def collect(runs: Sequence[Any]) -> list[dict[str, Any]]:
-  """One record per run (experiments.run.Run): its settings and whatever results exist (None where
+  """One record per run (transformer.experiments.run.Run): its settings and whatever results exist (None where
   missing)."""
   rows = []
   for run in runs:
@@ -203,14 +204,16 @@ def markdown_table(rows: list[dict[str, Any]], grid: Grid) -> str:
 
 def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0) -> list[Path]:
   """results.csv, results.md, curves.png and bleu.png in `root`, for the evaluations with at least
-  `min_len` tokens per translation (transformer-eval --min_len)."""
+  `min_len` tokens per translation (transformer-eval --min_len). Workdirs in results.csv are
+  relative to `root`, so the file means the same wherever it is copied with its runs' folder."""
   root.mkdir(parents=True, exist_ok=True)
   csv_path = root / "results.csv"
   fields = list(rows[0])
   with csv_path.open("w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows({**r, "workdir": os.path.relpath(Path(r["workdir"]).resolve(), root.resolve())}
+                     for r in rows)
 
   finished = [r for r in rows if r["finished"]]
   train_sec = sum(r["train_sec"] for r in rows)

@@ -1,6 +1,6 @@
 """Why are hypotheses shorter than references: the search, or the model?
 
-    python -m experiments.short_outputs --workdir=runs/m30k [--step=N] [--output=FILE.md]
+    python -m experiments.analyses.short_outputs --workdir=runs/m30k [--step=N] [--output=FILE.md]
 
 Decodes the validation set with greedy search and with beam 4 at several length penalties α, and
 reports BLEU, brevity penalty and the hypothesis/reference length ratio of each. Then it scores, with
@@ -92,4 +92,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  run_program("experiments.short_outputs", main)
+  run_program("experiments.analyses.short_outputs", main)

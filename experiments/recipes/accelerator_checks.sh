@@ -3,7 +3,7 @@
 # recipes' exact configs (train, eval and beam programs), and a config that does not fit. No TPU or
 # GPU needed (pip install -e '.[tpu]' and the CUDA plugin, docs/accelerators.md); ~1 hour on 2 cores.
 # A check whose report exists is kept: delete it to redo it.
-#   bash experiments/accelerator_checks.sh [OUT]
+#   bash experiments/recipes/accelerator_checks.sh [OUT]
 set -uo pipefail
 out=${1:-experiments/results/accelerators}
 mkdir -p "$out"

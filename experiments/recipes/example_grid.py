@@ -1,12 +1,12 @@
 """A grid of your own: warm-up length and label smoothing on Multi30k, 4 variants.
 
-    python -m experiments.run experiments/example_grid.py --base=configs/multi30k.py --seeds=3
+    transformer-experiment experiments/recipes/example_grid.py --base=configs/multi30k.py --seeds=3
 
 Each Variant is a name (its folder under the experiment root) and the config keys it changes; the first
 variant is the reference row of the table. Keys are the config's dotted names (transformer/config.py).
 """
 
-from experiments.grids import Grid, Variant
+from transformer.experiments.grids import Grid, Variant
 
 
 def get_grid():

@@ -1,7 +1,7 @@
 """Where a training step's time goes: a jax.profiler trace of the step, its ops summed by the model
 code they come from.
 
-    python -m experiments.step_profile [--config=configs/multi30k.py --rows=128 --seq_len=16]
+    python -m experiments.analyses.step_profile [--config=configs/multi30k.py --rows=128 --seq_len=16]
         [--config.model.dropout=0.0 ...]
 
 Times the jit-compiled step training runs (step.jit_train_fns) on a synthetic batch without padding,
@@ -13,7 +13,7 @@ step's wall time; read the shares, and time the step itself for speed-ups. The t
 faults and kernel time show what the host's memory allocation costs (transformer/host_memory.py;
 `TRANSFORMER_MALLOC_DEFAULTS=1` runs with malloc as glibc sets it).
 
-    python -m experiments.step_profile --versus=train.dropout_rng=unsafe_rbg [--rounds=8]
+    python -m experiments.analyses.step_profile --versus=train.dropout_rng=unsafe_rbg [--rounds=8]
 
 times the step of the config and of the config with the overrides alternately, in one process (a
 change worth a few percent is below what separate processes on a shared VM can resolve).
@@ -194,4 +194,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  run_program("experiments.step_profile", main)
+  run_program("experiments.analyses.step_profile", main)

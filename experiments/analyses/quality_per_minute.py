@@ -1,6 +1,6 @@
 """Validation BLEU against minutes of training: the default run's curve, over seeds, beside a peer's.
 
-    python -m experiments.quality_per_minute runs/d0 runs/d1 [--output_dir=DIR --minutes=10,20,30,40]
+    python -m experiments.analyses.quality_per_minute runs/d0 runs/d1 [--output_dir=DIR --minutes=10,20,30,40]
 
 For each workdir (one seed each, trained with the same config), the checkpoint closest below 10, 20,
 30 and 40 minutes of training (the run's own clock, metrics.jsonl) and the last one are scored with
@@ -137,4 +137,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  run_program("experiments.quality_per_minute", main, takes_arguments=True)
+  run_program("experiments.analyses.quality_per_minute", main, takes_arguments=True)

@@ -1,6 +1,6 @@
 """The paper's Table 3 rows (A)-(D), scaled to the Multi30k default, at one CPU budget for every run.
 
-    python -m experiments.run experiments/table3_multi30k.py --base=configs/multi30k.py --seeds=2 \
+    transformer-experiment experiments/recipes/table3_multi30k.py --base=configs/multi30k.py --seeds=2 \
         --root=runs/experiments/table3_multi30k
 
 The built-in `table3` grid applies the paper's absolute values, which only suit the paper's base
@@ -22,7 +22,7 @@ so a row compares its variants at equal updates, not at equal time (a wider mode
 Results: experiments/results/table3_multi30k/.
 """
 
-from experiments.grids import Grid, Variant
+from transformer.experiments.grids import Grid, Variant
 
 STEPS = 1200
 

@@ -2,7 +2,7 @@
 # Every GPU figure docs/performance.md asks for, in one call (device time is short):
 # base and big at the paper's 25k target tokens per step, bf16, with each attention kernel and the
 # memory options; one JSON per setting in OUT (default: bench_gpu/), then a summary table.
-#   bash experiments/gpu_benchmark.sh [OUT]
+#   bash experiments/recipes/gpu_benchmark.sh [OUT]
 set -uo pipefail
 out=${1:-${OUT:-bench_gpu}}
 mkdir -p "$out"

@@ -1,0 +1,90 @@
+"""Record folders: an experiment's tables, figures and commands copied into the repository
+(experiments/results/<name>/), with a README.md this module writes, so every record says how it was
+made: the command, the commit, the date, the JAX version, the CPU model and the wall time.
+
+A README's "## Notes" section (the analysis people write by hand) is kept when the record is
+rebuilt. Text files are copied with the absolute path of the working directory removed (paths in a record
+are relative to the repository, never to one machine).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+log = logging.getLogger("transformer")
+TEXT_SUFFIXES = {".md", ".csv", ".sh", ".json", ".txt", ".jsonl"}
+
+
+def cpu_model() -> str:
+  """The processor's name as the OS reports it (what decides XLA's CPU code and the speed)."""
+  try:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def commit() -> str:
+  """The repository's commit, '+ uncommitted changes' when the tree differs from it."""
+  def git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=False).stdout.strip()
+  head = git("rev-parse", "--short=12", "HEAD")
+  if not head:
+    return "unknown (not a git checkout)"
+  return head + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no")
+                 else "")
+
+
+def provenance(command: Sequence[str], wall_seconds: float) -> list[str]:
+  """The README lines that say how a record was made."""
+  import jax  # the version, without making importing this module cost a JAX start-up
+  return [f"- command: `{shlex.join(command)}`",
+          f"- commit: {commit()}",
+          f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+          f"- JAX {jax.__version__}, Python {platform.python_version()}, "
+          f"{jax.default_backend()} backend",
+          f"- CPU: {cpu_model()}",
+          f"- wall time: {wall_seconds / 60:.1f} min"]
+
+
+def _copy(path: Path, target: Path) -> None:
+  if path.suffix in TEXT_SUFFIXES:
+    text = path.read_text()
+    target.write_text(text.replace(str(Path.cwd().resolve()) + "/", ""))
+  else:
+    shutil.copy2(path, target)
+
+
+NOTES = "## Notes"  # a README's hand-written part, from this heading on, survives re-recording
+
+
+def _notes(readme: Path) -> str:
+  text = readme.read_text() if readme.is_file() else ""
+  return "\n" + text[text.index(NOTES):] if NOTES in text else ""
+
+
+def record(files: Sequence[Path], folder: Path, title: str, wall_seconds: float,
+           command: Sequence[str] | None = None) -> None:
+  """Copies the experiment's `files` that exist into `folder` and writes its README.md."""
+  folder.mkdir(parents=True, exist_ok=True)
+  copied = []
+  for path in files:
+    if path.is_file():
+      _copy(path, folder / path.name)
+      copied.append(path.name)
+  command = list(command) if command is not None else [Path(sys.argv[0]).name, *sys.argv[1:]]
+  readme = [f"# {title}", "", "Written by the recording tool (transformer/experiments/records.py); "
+            "rerun the command to rebuild this folder.", "", *provenance(command, wall_seconds), "",
+            "Files: " + ", ".join(f"`{name}`" for name in sorted(copied)), ""]
+  (folder / "README.md").write_text("\n".join(readme) + _notes(folder / "README.md"))
+  log.info("Recorded %d files in %s", len(copied), folder)
