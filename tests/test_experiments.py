@@ -350,7 +350,9 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   assert again.stderr.count("skipping training") == 2
   assert [p.stat().st_mtime_ns for p in reports] == stamps  # nothing evaluated twice
   recorded = sorted(p.name for p in (tmp_path / "record").iterdir())
-  assert recorded == ["bleu.png", "commands.sh", "curves.png", "long.json", "results.csv", "results.md"]
+  assert recorded == ["README.md", "bleu.png", "commands.sh", "curves.png", "long.json", "results.csv",
+                      "results.md"]
+  assert "- command: `transformer-experiment positional" in (tmp_path / "record/README.md").read_text()
   assert (tmp_path / "record/results.md").read_text() == table
 
   # The same checkpoints with a minimum output length: evaluated again under their own report

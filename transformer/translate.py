@@ -3,7 +3,7 @@
     echo "A man is riding a bicycle." | transformer-translate --workdir=runs/m30k
     transformer-translate --workdir=runs/m30k --input_file=in.en --output_file=out.de --beam_size=1
     transformer-translate --workdir=runs/m30k --input_file=in.en --output_file=out.de --nbest=4
-    transformer-translate --workdir=runs/m30k --input_file=mono.en --sample --top_p=0.9 --seed=1
+    transformer-translate --workdir=runs/m30k --input_file=mono.en --search=sample --top_p=0.9 --seed=1
     transformer-translate --workdir=runs/m30k --input_file=in.en --score=out.de   # JSON lines
     transformer-translate --workdir=runs/seed0 --ensemble=runs/seed1,runs/seed2 < in.en
 
@@ -11,7 +11,7 @@ One output line per input line, in the input's order; sentences are batched by l
 (translator.py, compiled once per length bucket). Empty input lines give empty output lines;
 lines longer than the model's source limit (config.data.max_len tokens) are truncated, with a warning.
 Beam size, alpha (GNMT length penalty), greedy search (--beam_size=1), n-best lists (--nbest: JSON
-lines, to stdout or beside --output_file as .nbest.jsonl), sampling (--sample with --temperature,
+lines, to stdout or beside --output_file as .nbest.jsonl), sampling (--search=sample with --temperature,
 --top_k, --top_p, --seed) and ensembles (--ensemble) are selectable; the config's decode settings are
 the defaults. --score gives forced-decoding log-probabilities instead. Logs go to stderr, results to
 stdout.
