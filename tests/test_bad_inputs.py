@@ -211,7 +211,7 @@ CASES = {
         "translate", ("--workdir={run}", "--top_p=0.9"), "--top_p applies only with --search=sample",
         stdin=b"A dog.\n"),
     "an unknown search": Case("translate", ("--workdir={run}", "--search=nucleus"),
-                              "--search: value should be one of", stdin=b"A dog.\n"),
+                              "value should be one of <beam|greedy|sample>", stdin=b"A dog.\n"),
     "scoring targets of another line count": Case(
         "translate", ("--workdir={run}", "--score={tmp}/targets.de"),
         "2 source lines but 1 target lines", stdin=b"A dog.\nA cat.\n",

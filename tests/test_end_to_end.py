@@ -29,6 +29,48 @@ def assert_same_points(got, expected):
   np.testing.assert_allclose([v for _, v in got], [v for _, v in expected], rtol=1e-6)
 
 
+def check_evaluation(workdir):
+  """The evaluation program, as its own process, with a beam of 2 (reports named _beam2)."""
+  out = run_cli("transformer.evaluate", f"--workdir={workdir}", "--beam_size=2")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "sacreBLEU" in out.stdout and "step 8" in out.stdout
+  report = json.loads((workdir / "eval" / "validation_step8_beam2.json").read_text())
+  assert report["checkpoint_step"] == 8 and report["sentences"] == 40
+  assert 0.0 <= report["sacrebleu"]["bleu"] <= 100.0
+  assert report["sacrebleu"]["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+  assert report["decode"] == {"search": "beam", "beam_size": 2, "alpha": 0.6, "nbest": 1,
+                              "max_extra_len": 5}
+  paper = report["tokenized_bleu"]
+  assert 0.0 <= paper["bleu"] <= 100.0 and paper["lines"] == 40 and paper["case"] == "cased"
+  assert paper["tokenizer"].startswith("unicode punctuation + moses(de) + compound splitting")
+  hypotheses = (workdir / "eval" / "validation_step8_beam2.hyp.txt").read_text().splitlines()
+  assert len(hypotheses) == 40
+  assert read_metrics(workdir, "bleu")[-1]["bleu"] == report["sacrebleu"]["bleu"]
+  return report
+
+
+def check_tensorboard(workdir, report):
+  # TensorBoard shows the same numbers: training's in the workdir (the resumed process's steps
+  # follow the first's, none twice), the evaluation program's BLEU in eval/.
+  scalars = tensorboard_scalars(workdir)
+  for tag, key in (("train/loss", "loss"), ("train/learning_rate", "learning_rate"),
+                   ("train/grad_norm", "grad_norm"), ("train/tokens_per_sec", "tokens_per_sec"),
+                   ("train/tflops_per_sec", "tflops_per_sec")):
+    assert_same_points(scalars[tag], [(r["step"], r[key]) for r in read_metrics(workdir, "train")])
+  assert [step for step, _ in scalars["train/loss"]] == [2, 4, 6, 8]
+  assert "train/mfu" not in scalars  # no peak FLOP/s is known for a CPU
+  for key in ("nll", "accuracy", "perplexity"):
+    assert_same_points(scalars[f"eval/{key}"],
+                       [(r["step"], r[key]) for r in read_metrics(workdir, "eval")])
+  bleu_scalars = tensorboard_scalars(workdir / "eval")
+  assert sorted(bleu_scalars) == [  # a search other than the config's beam 4 is named
+      "bleu/validation_beam2", "chrf/validation_beam2", "tokenized_bleu/validation_beam2"]
+  assert_same_points(bleu_scalars["bleu/validation_beam2"], [(8, report["sacrebleu"]["bleu"])])
+  assert_same_points(bleu_scalars["chrf/validation_beam2"], [(8, report["chrf"]["chrf"])])
+  assert_same_points(bleu_scalars["tokenized_bleu/validation_beam2"],
+                     [(8, report["tokenized_bleu"]["bleu"])])
+
+
 def test_train_resume_and_evaluate(tmp_path):
   cfg = tiny_run_config(tmp_path)
   workdir = tmp_path / "run"
@@ -52,40 +94,8 @@ def test_train_resume_and_evaluate(tmp_path):
   assert (workdir / "vocab.model").read_bytes() == vocab_bytes
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["6", "8"]
 
-  # The evaluation program, as its own process.
-  out = run_cli("transformer.evaluate", f"--workdir={workdir}", "--beam_size=2")
-  assert out.returncode == 0, out.stderr[-3000:]
-  assert "sacreBLEU" in out.stdout and "step 8" in out.stdout
-  report = json.loads((workdir / "eval" / "validation_step8.json").read_text())
-  assert report["checkpoint_step"] == 8 and report["sentences"] == 40
-  assert 0.0 <= report["sacrebleu"]["bleu"] <= 100.0
-  assert report["sacrebleu"]["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
-  assert report["decode"] == {"search": "beam", "beam_size": 2, "alpha": 0.6, "nbest": 1,
-                              "max_extra_len": 5}
-  paper = report["tokenized_bleu"]
-  assert 0.0 <= paper["bleu"] <= 100.0 and paper["lines"] == 40 and paper["case"] == "cased"
-  assert paper["tokenizer"].startswith("unicode punctuation + moses(de) + compound splitting")
-  hypotheses = (workdir / "eval" / "validation_step8.hyp.txt").read_text().splitlines()
-  assert len(hypotheses) == 40
-  assert read_metrics(workdir, "bleu")[-1]["bleu"] == report["sacrebleu"]["bleu"]
-
-  # TensorBoard shows the same numbers: training's in the workdir (the resumed process's steps
-  # follow the first's, none twice), the evaluation program's BLEU in eval/.
-  scalars = tensorboard_scalars(workdir)
-  for tag, key in (("train/loss", "loss"), ("train/learning_rate", "learning_rate"),
-                   ("train/grad_norm", "grad_norm"), ("train/tokens_per_sec", "tokens_per_sec"),
-                   ("train/tflops_per_sec", "tflops_per_sec")):
-    assert_same_points(scalars[tag], [(r["step"], r[key]) for r in read_metrics(workdir, "train")])
-  assert [step for step, _ in scalars["train/loss"]] == [2, 4, 6, 8]
-  assert "train/mfu" not in scalars  # no peak FLOP/s is known for a CPU
-  for key in ("nll", "accuracy", "perplexity"):
-    assert_same_points(scalars[f"eval/{key}"],
-                       [(r["step"], r[key]) for r in read_metrics(workdir, "eval")])
-  bleu_scalars = tensorboard_scalars(workdir / "eval")
-  assert sorted(bleu_scalars) == ["bleu/validation", "chrf/validation", "tokenized_bleu/validation"]
-  assert_same_points(bleu_scalars["bleu/validation"], [(8, report["sacrebleu"]["bleu"])])
-  assert_same_points(bleu_scalars["chrf/validation"], [(8, report["chrf"]["chrf"])])
-  assert_same_points(bleu_scalars["tokenized_bleu/validation"], [(8, paper["bleu"])])
+  report = check_evaluation(workdir)
+  check_tensorboard(workdir, report)
 
   # Checkpoint averaging: the last 2 make a new workdir that the evaluation program reads like a
   # training one.
@@ -95,7 +105,7 @@ def test_train_resume_and_evaluate(tmp_path):
   assert json.loads((averaged / "average.json").read_text())["averaged_steps"] == [6, 8]
   out = run_cli("transformer.evaluate", f"--workdir={averaged}", "--beam_size=2")
   assert out.returncode == 0, out.stderr[-3000:]
-  from_file = json.loads((averaged / "eval" / "validation_step8.json").read_text())
+  from_file = json.loads((averaged / "eval" / "validation_step8_beam2.json").read_text())
   # transformer-translate: stdin to stdout in order, an empty line stays empty, a long line is
   # truncated with a warning.
   long_line = " ".join(["a man rides a horse"] * 20)
@@ -107,16 +117,17 @@ def test_train_resume_and_evaluate(tmp_path):
   assert len(translations) == 5 and translations[4] == "" and translations[1] == ""
   assert "1 input lines were longer than 40 tokens and were truncated" in out.stderr
 
-  # --watch evaluates the one checkpoint not evaluated yet (6; 8 was above) and stops: 8 is the last.
+  # --watch evaluates the one checkpoint not evaluated yet with its search (6; 8 was above) and
+  # stops: 8 is the last.
   out = run_cli("transformer.evaluate", f"--workdir={workdir}", "--watch", "--poll_seconds=0.1",
-                "--beam_size=1")
+                "--beam_size=2")
   assert out.returncode == 0, out.stderr[-3000:]
   assert "step 6: sacreBLEU" in out.stderr and "step 8: sacreBLEU" not in out.stderr
   assert "Training has finished (step 8 evaluated); stopping" in out.stderr
 
   on_the_fly = evaluate(str(workdir), beam_size=2, average_last=2)  # --average_last=2
   assert on_the_fly["averaged_steps"] == [6, 8]
-  assert on_the_fly["files"][1].endswith("validation_step8_avg2.json")
+  assert on_the_fly["files"][1].endswith("validation_step8_avg2_beam2.json")
   assert on_the_fly["sacrebleu"]["bleu"] == pytest.approx(from_file["sacrebleu"]["bleu"])
 
   # The pictures (their contents: tests/test_visualisation.py): the run compared with its average,
