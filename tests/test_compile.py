@@ -76,6 +76,7 @@ def test_fsdp_gathers_weights_and_shards_the_state(reports):
   assert fsdp["memory"]["optimizer"] == pytest.approx(data["optimizer"] / 4, rel=0.05)
 
 
+@pytest.mark.slow  # several compiles; pytest -m slow
 def test_memory_per_device_falls_as_fsdp_grows(devices):
   state = []
   for fsdp in (1, 2, 4):
@@ -147,6 +148,7 @@ def test_mesh_candidates_respect_divisibility():
   assert all(d * f * t == 8 for d, f, t in shapes)
 
 
+@pytest.mark.slow  # several compiles; pytest -m slow
 def test_command_line_report_and_json(tmp_path):
   out = tmp_path / "report.json"
   cmd = [sys.executable, "-m", "transformer.compile", "--config=configs/multi30k.py",
@@ -243,6 +245,7 @@ def test_compiler_refusal_becomes_advice():
   assert "--config.decode.tokens_per_batch=64" in beam  # 256 / 4
 
 
+@pytest.mark.slow  # several compiles; pytest -m slow
 def test_mesh_search_ranks_the_splits_that_fit(devices):
   ranked = compile_lib.search_mesh(tiny_config(), V5E_4, devices, 16)
   assert {r["mesh"] for r in ranked} == set(compile_lib.mesh_candidates(tiny_config(), 4, 4))
@@ -250,6 +253,7 @@ def test_mesh_search_ranks_the_splits_that_fit(devices):
   assert all(r["fits"] for r in ranked) and steps == sorted(steps)
 
 
+@pytest.mark.slow  # several compiles; pytest -m slow
 def test_max_batch_finds_a_budget_that_fits_and_twice_it_does_not(devices, monkeypatch):
   small = dataclasses.replace(topologies.CHIPS["v5e"], hbm_gib=0.02)  # 20 MiB chips
   monkeypatch.setitem(topologies.CHIPS, "v5e", small)
