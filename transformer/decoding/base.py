@@ -1,13 +1,15 @@
 """The contract every search keeps, and what the slot loop (loop.py) hands it at each step.
 
 A search is a small frozen object of settings (beam size, length penalty, ...) with five pure
-methods over a typed state of its own (a `flax.struct` dataclass with a leading slot axis R):
+methods over a typed state of its own (a `flax.struct` dataclass with a leading slot axis R), and
+an optional sixth (`finish`, by default the identity):
 
     fresh(slots, decode_len)  -> state       an empty state for R slots
     inputs(state, position)   -> tokens [R, G], origin [R, G, L]
     update(state, step: Step) -> state       consume one step's log-probabilities
     decided(state, limit)     -> [R] bool    nothing better can come for this sentence
     result(state)             -> Result      what a decided slot writes out
+    finish(result)            -> Result      once, after the loop, over all N results
 
 G is the search's `beam_size` (hypotheses the decoder advances per sentence; 1 for greedy search
 and sampling). `origin` says, for every hypothesis and earlier position, which of the G cache slots
@@ -43,10 +45,11 @@ class Step:
 @flax.struct.dataclass
 class Result:
   """A decided slot's n-best list, best first: tokens [R, n, L] (PAD after EOS), the score the
-  search ranks by and the model's log-probability, both [R, n] (IMPOSSIBLE where fewer)."""
+  search ranks by and the model's log-probability, both [R, n] (IMPOSSIBLE where fewer).
+  `log_probs` may be None inside the loop when `finish` derives it from the rest."""
   tokens: jax.Array
   scores: jax.Array
-  log_probs: jax.Array
+  log_probs: jax.Array | None
 
 
 class Search(abc.ABC):
@@ -76,6 +79,11 @@ class Search(abc.ABC):
   @abc.abstractmethod
   def result(self, state: Any) -> Result: ...
 
+  def finish(self, result: Result) -> Result:
+    """The final results [N, n, ...] from what `result` wrote: work that need not run at every
+    step of the loop goes here (beam search's log-probabilities)."""
+    return result
+
   def describe(self) -> dict[str, Any]:
     """The settings that identify this search in reports and metrics."""
     return {"search": self.name}
@@ -85,7 +93,9 @@ def allowed(log_probs: jax.Array, at_limit: jax.Array, too_short: jax.Array) -> 
   """`log_probs` [R, G, V] with PAD and BOS forbidden everywhere, every token but EOS in the rows
   `at_limit` [R], and EOS in the rows `too_short` [R]."""
   token = jnp.arange(log_probs.shape[-1])
-  at_limit, too_short = at_limit[:, None, None], too_short[:, None, None]
+  # Masks of the full [R, G, V] shape: XLA's CPU loop over a mask broadcast along G ran 2x slower.
+  per_row = lambda rows: jnp.broadcast_to(rows[:, None], log_probs.shape[:2])[..., None]
+  at_limit, too_short = per_row(at_limit), per_row(too_short)
   forbidden = ((token == PAD_ID) | (token == BOS_ID) | (at_limit & (token != EOS_ID))
                | (too_short & (token == EOS_ID)))
   return jnp.where(forbidden, IMPOSSIBLE, log_probs)

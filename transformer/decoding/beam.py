@@ -110,6 +110,9 @@ class BeamSearch(Search):
     return state.finished_scores[:, self.nbest - 1] >= best_possible
 
   def result(self, state: BeamState) -> Result:
-    tokens, scores = state.finished_seqs[:, :self.nbest], state.finished_scores[:, :self.nbest]
-    lengths = (tokens != PAD_ID).sum(-1)
-    return Result(tokens, scores, scores * length_penalty(lengths, self.alpha))
+    return Result(state.finished_seqs[:, :self.nbest], state.finished_scores[:, :self.nbest], None)
+
+  def finish(self, result: Result) -> Result:
+    """The log-probabilities: score × lp(length)."""
+    lengths = (result.tokens != PAD_ID).sum(-1)
+    return result.replace(log_probs=result.scores * length_penalty(lengths, self.alpha))

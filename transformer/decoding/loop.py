@@ -101,11 +101,12 @@ def run(search: Search, ensemble: Ensemble, limits: jax.Array, min_len: jax.Arra
 
   first = jnp.arange(slots)
   first = jnp.where(first < count, first, total)
-  impossible = jnp.full((total + 1, search.nbest), IMPOSSIBLE, jnp.float32)
+  written = jax.eval_shape(search.result, search.fresh(slots, decode_len))
+  empty_out = lambda x: jnp.full((total + 1,) + x.shape[1:], PAD_ID if jnp.issubdtype(
+      x.dtype, jnp.integer) else IMPOSSIBLE, x.dtype)
   state = Slots(sentence=first, position=jnp.zeros((slots,), jnp.int32),
                 free=jnp.zeros((slots,), bool), next=jnp.minimum(count, slots), done=jnp.int32(0),
                 search=search.fresh(slots, decode_len), caches=ensemble.initial(first),
-                out=Result(jnp.full((total + 1, search.nbest, decode_len), PAD_ID, jnp.int32),
-                           impossible, impossible))
+                out=jax.tree.map(empty_out, written))
   state = jax.lax.while_loop(lambda s: s.done < count, body, state)
-  return jax.tree.map(lambda x: x[:total], state.out)
+  return search.finish(jax.tree.map(lambda x: x[:total], state.out))
