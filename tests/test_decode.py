@@ -27,8 +27,8 @@ def setup():
   return model, params, jnp.asarray(src)
 
 
-def next_log_probs(model, params, src_row, prefixes, width=16):
-  return reference.next_log_probs(model, params, src_row, prefixes, width)
+def next_log_probs(model, params, src_row, prefixes, shape=(1, 16)):
+  return reference.next_log_probs(model, params, src_row, prefixes, shape)
 
 
 def beam(models, params, src, limits, decode_len, beam_size=4, alpha=0.6, nbest=1, min_len=None,

@@ -30,12 +30,22 @@ def _logits(model: Transformer, params: Any, src: jax.Array, tgt_in: jax.Array) 
   return model.apply({"params": params}, src, tgt_in)
 
 
+def padded_shape(model: Transformer, limit: int, beam_size: int) -> tuple[int, int]:
+  """(rows, width) that hold `beam_size` prefixes of up to `limit` tokens (BOS first), rounded up
+  to powers of two so that searches of other limits and beams share one compilation (learned
+  positions cap the width at the model's table)."""
+  width = 1 << int(limit).bit_length()
+  if model.config.positional == "learned":
+    width = max(limit + 1, min(width, model.config.max_len))
+  return 1 << max(beam_size - 1, 0).bit_length(), width
+
+
 def next_log_probs(model: Transformer, params: Any, src_row: np.ndarray,
-                   prefixes: Sequence[Sequence[int]], width: int) -> np.ndarray:
-  """log p(next token | source, prefix) [len(prefixes), V] for prefixes of < `width` tokens: a full
-  forward pass, no cache. Prefixes are padded into one [beam-sized, width] shape per call (so one
-  compilation serves a whole search); causal attention keeps what follows a prefix out of it."""
-  rows = 1 << max(len(prefixes) - 1, 0).bit_length()
+                   prefixes: Sequence[Sequence[int]], shape: tuple[int, int]) -> np.ndarray:
+  """log p(next token | source, prefix) [len(prefixes), V]: a full forward pass, no cache, over
+  the prefixes padded into `shape` (rows, width) (padded_shape); causal attention keeps what
+  follows a prefix out of it."""
+  rows, width = shape
   tgt_in = np.full((rows, width), PAD_ID, np.int32)
   for i, prefix in enumerate(prefixes):
     tgt_in[i, :len(prefix) + 1] = [BOS_ID, *prefix]
@@ -65,8 +75,9 @@ def beam_search(model: Transformer, params: Any, src_row: np.ndarray, limit: int
   penalty = lambda n: ((5.0 + n) / 6.0) ** alpha
   alive: list[Hypothesis] = [((), 0.0)]
   finished: list[Hypothesis] = []
+  shape = padded_shape(model, limit, beam_size)
   for length in range(limit):
-    log_probs = _allowed(next_log_probs(model, params, src_row, [s for s, _ in alive], limit + 1),
+    log_probs = _allowed(next_log_probs(model, params, src_row, [s for s, _ in alive], shape),
                          length, limit, min_len)
     candidates = sorted(((score + log_probs[i, token], i * log_probs.shape[1] + token, seq + (token,))
                          for i, (seq, score) in enumerate(alive)
@@ -88,8 +99,9 @@ def greedy_search(model: Transformer, params: Any, src_row: np.ndarray, limit: i
   """The most probable allowed token at every step until EOS or the limit; (tokens, log p)."""
   seq: tuple[int, ...] = ()
   total = 0.0
+  shape = padded_shape(model, limit, 1)
   while not seq or (seq[-1] != EOS_ID and len(seq) < limit):
-    log_probs = _allowed(next_log_probs(model, params, src_row, [seq], limit + 1)[0], len(seq),
+    log_probs = _allowed(next_log_probs(model, params, src_row, [seq], shape)[0], len(seq),
                          limit, min_len)
     token = int(np.argmax(log_probs))
     seq, total = seq + (token,), total + float(log_probs[token])

@@ -37,9 +37,13 @@ def decode(search: Search, models: Models, params: Any, src: jax.Array, limits: 
   `limits` [N]: output length limit per sentence, EOS included (0 = a padding entry, last in the
   queue); `decode_len` >= max(limits): the static length of outputs and caches; `min_len` [N]:
   tokens before EOS at least; `slots`: sentences decoded at a time (default: all N).
+  Compiled as one program (called outside jit, the encoder and the loop's set-up would otherwise
+  run op by op, several times slower for small inputs); inside a jitted function it is inlined.
   """
-  ensemble = Ensemble(models, params, src, decode_len, search.beam_size, slots or src.shape[0])
-  return run(search, ensemble, limits, min_len)
+  def one_program(params, src, limits, min_len):
+    ensemble = Ensemble(models, params, src, decode_len, search.beam_size, slots or src.shape[0])
+    return run(search, ensemble, limits, min_len)
+  return jax.jit(one_program)(params, src, limits, min_len)
 
 
 __all__ = ["IMPOSSIBLE", "SEARCHES", "BeamSearch", "Ensemble", "Greedy", "Result", "Sampling",

@@ -115,9 +115,13 @@ class Ensemble:
 def forced_log_probs(models: Models, params: Any, src: jax.Array, tgt: jax.Array) -> jax.Array:
   """Log-probability [B, T] of each given target token (0 at padding): teacher forcing, the
   ensemble's mean log-probabilities as in the searches. Their sum scores a sentence for rescoring;
-  the mean over non-padding tokens is the teacher-forced NLL that training's evaluation reports."""
-  log_probs = []
-  for model, p in zip(*as_ensemble(models, params)):
-    logits = model.apply({"params": p}, src, shift_right(tgt))
-    log_probs.append(jax.nn.log_softmax(logits.astype(jnp.float32)))
-  return jnp.where(tgt != PAD_ID, jnp.take_along_axis(mean(log_probs), tgt[..., None], -1)[..., 0], 0.0)
+  the mean over non-padding tokens is the teacher-forced NLL that training's evaluation reports.
+  Compiled as one program, as decoding.decode is."""
+  def one_program(params, src, tgt):
+    log_probs = []
+    for model, p in zip(*as_ensemble(models, params)):
+      logits = model.apply({"params": p}, src, shift_right(tgt))
+      log_probs.append(jax.nn.log_softmax(logits.astype(jnp.float32)))
+    chosen = jnp.take_along_axis(mean(log_probs), tgt[..., None], -1)[..., 0]
+    return jnp.where(tgt != PAD_ID, chosen, 0.0)
+  return jax.jit(one_program)(params, src, tgt)
