@@ -1,0 +1,137 @@
+"""transformer-export --format=ctranslate2: CTranslate2 computes what our model computes and finds
+what our beam search finds. Skipped where ctranslate2 is not installed (CI installs it)."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from helpers import init_params, random_tokens, run_cli, tiny_model_config, tiny_run_config
+
+from transformer import decoding, export, reference
+from transformer.data import vocab as vocab_lib
+from transformer.model import EOS_ID, PAD_ID, Transformer, shift_right
+from transformer.train import train_and_evaluate
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+VOCAB = 24
+PIECES = ["<pad>", "</s>", "<s>", "<unk>"] + [f"w{i}" for i in range(4, VOCAB)]
+
+
+def pieces(row):
+  """A row of ids as the pieces CTranslate2 takes: no EOS (it appends one), no padding."""
+  return [PIECES[t] for t in np.asarray(row) if t not in (PAD_ID, EOS_ID)]
+
+
+def translator(tmp_path, config, params, max_positions=32):
+  (tmp_path / "ct2").mkdir()
+  export.ctranslate2_spec(config, params, PIECES, max_positions).save(str(tmp_path / "ct2"))
+  return ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+
+
+@pytest.mark.parametrize("overrides", [{}, {"norm": "pre", "positional": "learned"},
+                                       {"share_embeddings": False}, {"scan_layers": True},
+                                       {"d_k": 8, "d_v": 8}])
+def test_ctranslate2_scores_targets_as_our_model_does(tmp_path, overrides):
+  config = tiny_model_config(vocab_size=VOCAB, **overrides)
+  model = Transformer(config)
+  params = init_params(model, seed=1)
+  src = random_tokens(np.random.default_rng(0), 4, 6, VOCAB, lengths=[6, 5, 3, 2])
+  tgt = random_tokens(np.random.default_rng(1), 4, 9, VOCAB, lengths=[9, 4, 5, 2])
+  ours = np.asarray(decoding.forced_log_probs(model, params, jnp.asarray(src), jnp.asarray(tgt)))
+  theirs = translator(tmp_path, config, params).score_batch([pieces(r) for r in src],
+                                                            [pieces(r) for r in tgt])
+  for row, result in enumerate(theirs):  # one log-probability per target token, EOS included
+    np.testing.assert_allclose(result.log_probs, ours[row][tgt[row] != PAD_ID], atol=1e-4)
+
+
+def copy_task_model():
+  """A small model trained in seconds to write its source backwards: it ends its outputs with EOS
+  by itself, as a trained translation model does."""
+  config = tiny_model_config(vocab_size=VOCAB, d_model=32, d_ff=64)
+  model, optimizer = Transformer(config), optax.adam(3e-3)
+  params = init_params(model, seed=1)
+  rng = np.random.default_rng(0)
+
+  def batch():
+    lengths = rng.integers(2, 9, 64)
+    src = random_tokens(rng, 64, 8, VOCAB, lengths=lengths)
+    tgt = src.copy()
+    for row, n in enumerate(lengths):
+      tgt[row, :n - 1] = src[row, :n - 1][::-1]
+    return src, tgt
+
+  @jax.jit
+  def step(params, opt_state, src, tgt):
+    def loss(p):
+      sums = reference.loss_sums(model.apply({"params": p}, src, shift_right(tgt)), tgt, 0.1)
+      return sums["loss"] / sums["tokens"]
+    updates, opt_state = optimizer.update(jax.grad(loss)(params), opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  opt_state = optimizer.init(params)
+  for _ in range(300):
+    params, opt_state = step(params, opt_state, *batch())
+  return config, model, params, batch()[0][:16]
+
+
+def test_ctranslate2_beam_search_finds_our_hypotheses(tmp_path):
+  """Same best hypotheses (beam 4, no length penalty: CTranslate2's penalty is length^alpha, ours
+  GNMT's), and the log-probabilities the two engines give them agree to 1e-4."""
+  config, model, params, src = copy_task_model()
+  limit = 14
+  ours = decoding.decode(decoding.BeamSearch(4, 0.0), model, params, jnp.asarray(src),
+                         jnp.full((len(src),), limit), limit)
+  engine = translator(tmp_path, config, params)
+  theirs = engine.translate_batch([pieces(r) for r in src], beam_size=4, length_penalty=0.0,
+                                  max_decoding_length=limit)
+  best = [h.hypotheses[0] for h in theirs]
+  assert best == [pieces(r) for r in ours.tokens[:, 0]]
+  assert [len(h) for h in best] != [len(h) for h in best[:1]] * len(best)  # lengths of their own
+  # CTranslate2's search renormalises over the tokens it allows; its scoring is the model's.
+  scored = engine.score_batch([pieces(r) for r in src], best)
+  np.testing.assert_allclose([sum(s.log_probs) for s in scored], ours.log_probs[:, 0], atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("export")
+  cfg = tiny_run_config(tmp)
+  cfg.train.steps, cfg.train.eval_every, cfg.train.checkpoint_every = 2, 2, 2
+  train_and_evaluate(cfg, str(tmp / "run"))
+  return tmp / "run"
+
+
+def test_transformer_export_writes_a_model_that_ctranslate2_serves(run, tmp_path):
+  out = tmp_path / "ct2"
+  done = run_cli("transformer.export", f"--workdir={run}", "--format=ctranslate2",
+                 f"--output={out}")
+  assert done.returncode == 0, done.stderr
+  assert f"wrote a CTranslate2 model to {out}" in done.stdout
+  assert json.loads((out / "config.json").read_text())["add_source_eos"] is True
+  vocab = vocab_lib.load_vocab(out / vocab_lib.VOCAB_FILE)
+  sentences = ["A man is riding a bike.", "Two dogs play in the snow."]
+  src = [vocab.encode(s, out_type=str) for s in sentences]
+  engine = ctranslate2.Translator(str(out), device="cpu")
+  translations = [vocab.decode_pieces(r.hypotheses[0]) for r in engine.translate_batch(
+      src, beam_size=2, max_decoding_length=6)]
+  (tmp_path / "src.en").write_text("\n".join(sentences) + "\n")
+  (tmp_path / "hyp.de").write_text("\n".join(translations) + "\n")
+  scored = run_cli("transformer.translate", f"--workdir={run}", f"--input_file={tmp_path / 'src.en'}",
+                   f"--score={tmp_path / 'hyp.de'}")
+  assert scored.returncode == 0, scored.stderr
+  # Our forced log-probabilities of the engine's translations are the engine's own.
+  targets = [vocab.encode(t, out_type=str) for t in translations]
+  for result, line in zip(engine.score_batch(src, targets), scored.stdout.splitlines(), strict=True):
+    assert json.loads(line)["log_prob"] == pytest.approx(sum(result.log_probs), abs=1e-4)
+
+
+def test_export_refuses_a_directory_in_use_and_says_so(run, tmp_path):
+  (tmp_path / "taken").mkdir()
+  (tmp_path / "taken" / "notes.txt").write_text("mine")
+  done = run_cli("transformer.export", f"--workdir={run}", f"--output={tmp_path / 'taken'}")
+  assert done.returncode != 0
+  assert "exists and is not empty; choose a new directory" in done.stderr
+  assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
