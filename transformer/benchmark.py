@@ -269,7 +269,13 @@ def decode_workload(cfg: ml_collections.ConfigDict, vocab_size: int, sentences: 
     lengths = [min(len(vocab.encode(t)) + 1, len(s) + cfg.decode.max_extra_len)
                for s, t in zip(src, text.target[:count])]
     return src, lengths, f"{text.name}, first {count} sentences, reference lengths"
-  count = 1000 if sentences < 0 else sentences
+  return synthetic_workload(1000 if sentences < 0 else sentences, seq_len, vocab_size)
+
+
+def synthetic_workload(count: int, seq_len: int, vocab_size: int
+                       ) -> tuple[list[list[int]], list[int], str]:
+  """`count` seeded sources of seq_len/2 .. 3*seq_len/2 random tokens (EOS last), each to be
+  decoded to its own length."""
   rng = np.random.default_rng(2)
   lengths = rng.integers(max(2, seq_len // 2), seq_len * 3 // 2 + 1, count).tolist()
   src = [rng.integers(4, vocab_size, n - 1).tolist() + [EOS_ID] for n in lengths]

@@ -1,0 +1,130 @@
+"""Our beam search and greedy search beside CTranslate2's, same model, same weights, equal work.
+
+    python experiments/analyses/versus_ctranslate2.py --config=configs/multi30k.py \
+        --config.model.num_layers=3 --workload=synthetic --repeats=2 --output=versus.json
+
+The model of `--config` (untrained, seeded) is exported with transformer-export's converter, so both
+engines run the same layers and weights. Every sentence is decoded to a fixed length (ours: EOS
+forbidden before it and forced there; CTranslate2: min_decoding_length = max_decoding_length = n, no
+EOS), so both do the same number of decoder steps whatever the untrained weights prefer:
+- `--workload=synthetic`: 1,000 sources of 8-24 random tokens, each decoded to its own length
+  (transformer-benchmark's synthetic workload at --seq_len=16);
+- `--workload=validation`: the config's validation sentences (Multi30k: 1,014, test2016's size),
+  each decoded to its reference's length.
+CTranslate2 takes one length per call, so its sentences go in one call per output length, batched by
+`--ct2_batch_tokens` (its best on this machine: 8,192). Ours go through translator.search_ids as
+transformer-eval runs them. Engines alternate `--repeats` times; compile and load times are left out.
+Prints a markdown table (target tokens/s, each engine's ratio to ours) and writes the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from transformer import export, translator  # noqa: E402
+from transformer.benchmark import decode_workload, synthetic_workload  # noqa: E402
+from transformer.model import ModelConfig, Transformer, initial_params  # noqa: E402
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", "configs/multi30k.py", "The model and data to use.")
+flags.DEFINE_enum("workload", "synthetic", ["synthetic", "validation"], "What to decode.")
+flags.DEFINE_integer("repeats", 2, "Runs of each engine, alternating.")
+flags.DEFINE_integer("threads", 2, "CTranslate2's intra_threads (ours: XLA's, all cores).")
+flags.DEFINE_integer("ct2_batch_tokens", 8192, "CTranslate2's max_batch_size in tokens.")
+flags.DEFINE_list("compute_types", ["float32", "int8"], "CTranslate2 compute types to time.")
+flags.DEFINE_list("beams", ["4", "1"], "Beam sizes (1 = greedy).")
+flags.DEFINE_string("output", None, "Write the figures as JSON here too.")
+
+
+def ours(model, params, src, lengths, beam, max_len):
+  settings = translator.SearchSettings.from_config(FLAGS.config, beam_size=beam)
+  cache = {}
+  translator.search_ids(model, params, src, settings, max_len, cache, lengths)  # compiles
+  t = time.perf_counter()
+  translator.search_ids(model, params, src, settings, max_len, cache, lengths)
+  return time.perf_counter() - t
+
+
+def theirs(directory, compute_type, pieces, lengths, beam):
+  """One engine loaded for this measurement alone (threads of an idle engine still spin)."""
+  import ctranslate2
+  engine = ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
+                                  intra_threads=FLAGS.threads, inter_threads=1)
+  groups = collections.defaultdict(list)
+  for source, n in zip(pieces, lengths):
+    groups[n].append(source)
+  options = dict(beam_size=beam, max_batch_size=FLAGS.ct2_batch_tokens, batch_type="tokens")
+  engine.translate_batch(pieces[:8], min_decoding_length=4, max_decoding_length=4, **options)
+  t = time.perf_counter()
+  for n, sources in groups.items():
+    # n decoder steps, as ours takes for n tokens with EOS forced at the last
+    out = engine.translate_batch(sources, min_decoding_length=n, max_decoding_length=n, **options)
+  seconds = time.perf_counter() - t
+  assert len(out[0].hypotheses[0]) == n, "CTranslate2 did not decode to the length asked"
+  del engine
+  return seconds
+
+
+def main(argv):
+  import ctranslate2
+  cfg = FLAGS.config
+  config = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
+  model = Transformer(config)
+  params = initial_params(model, jax.random.key(0))
+  if FLAGS.workload == "synthetic":
+    src, lengths, origin = synthetic_workload(1000, 16, config.vocab_size)
+  else:
+    src, lengths, origin = decode_workload(cfg, config.vocab_size, -1, 16)
+  pieces = [[f"w{t}" for t in s[:-1]] for s in src]  # no EOS: CTranslate2 appends it
+  vocabulary = ["<pad>", "</s>", "<s>", "<unk>"] + [f"w{i}" for i in range(4, config.vocab_size)]
+  tokens = sum(lengths)
+  directory = tempfile.mkdtemp()
+  try:
+    export.ctranslate2_spec(config, params, vocabulary, max(lengths) + 1).save(directory)
+    seconds = collections.defaultdict(list)
+    for _ in range(FLAGS.repeats):
+      for beam in map(int, FLAGS.beams):
+        seconds[("ours", beam)].append(ours(model, params, src, lengths, beam, cfg.data.max_len))
+        for ct in FLAGS.compute_types:
+          time.sleep(1)  # the last engine's idle threads stop spinning
+          seconds[(f"ctranslate2 {ct}", beam)].append(
+              theirs(directory, ct, pieces, lengths, beam))
+  finally:
+    shutil.rmtree(directory)
+  rows = []
+  for beam in map(int, FLAGS.beams):
+    base = tokens / np.median(seconds[("ours", beam)])
+    for (engine, b), runs in seconds.items():
+      if b == beam:
+        rate = [tokens / s for s in runs]
+        rows.append({"engine": engine, "beam": beam, "target_tokens_per_sec": rate,
+                     "ratio_to_ours": float(np.median(rate) / base)})
+  result = {"workload": origin, "sentences": len(src), "target_tokens": tokens,
+            "ctranslate2": ctranslate2.__version__, "jax": jax.__version__,
+            "threads": FLAGS.threads, "ct2_batch_tokens": FLAGS.ct2_batch_tokens,
+            "cpu_count": os.cpu_count(), "layers": config.num_layers, "d_model": config.d_model,
+            "rows": rows}
+  print("| engine | search | target tokens/s (runs) | ratio to ours |\n|---|---|---|---|")
+  for r in rows:
+    runs = " / ".join(f"{x:,.0f}" for x in r["target_tokens_per_sec"])
+    search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+    print(f"| {r['engine']} | {search} | {runs} | {r['ratio_to_ours']:.2f} |")
+  if FLAGS.output:
+    Path(FLAGS.output).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+  app.run(main)
