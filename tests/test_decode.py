@@ -73,6 +73,46 @@ def test_beam_search_returns_what_the_reference_search_returns(setup, beam_size,
                                [score for _, score in expected], rtol=1e-5, atol=1e-5)
 
 
+def top_k_by_sorting(x, k):
+  """numpy's stable sort: the k largest, ties to the lower index (lax.top_k's order)."""
+  order = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+  return np.take_along_axis(x, order, -1), order
+
+
+@pytest.mark.parametrize("shape,k", [((6, 3000), 8), ((2, 4, 1600), 6), ((5, 400), 1),
+                                     ((3, 97), 2), ((3, 64), 8)])  # the last two: lax.top_k
+def test_chunked_top_k_is_a_stable_sort(shape, k):
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=shape).astype(np.float32)
+  ties = np.round(x * 2).astype(np.float32)  # few distinct values: every chunk holds ties
+  forbidden = np.where(rng.random(shape) < 0.9, decoding.IMPOSSIBLE, x).astype(np.float32)
+  for case in (x, ties, forbidden, np.full(shape, decoding.IMPOSSIBLE, np.float32)):
+    values, indices = jax.jit(decoding.top_k, static_argnums=1)(jnp.asarray(case), k)
+    want_values, want_indices = top_k_by_sorting(case, k)
+    np.testing.assert_array_equal(np.asarray(indices), want_indices)
+    np.testing.assert_array_equal(np.asarray(values), want_values)
+
+
+def test_searches_over_a_vocabulary_wide_enough_for_chunked_top_k():
+  """Vocabulary 400: beam search's 4 x 400 candidates and greedy search's 400 go through the
+  chunked top-k (the other tests' vocabulary is small enough for lax.top_k)."""
+  vocab = 400
+  model = Transformer(tiny_model_config(vocab_size=vocab))
+  params = init_params(model, seed=3, scale=3.0)
+  src = jnp.asarray(random_tokens(np.random.default_rng(2), 3, 6, vocab, lengths=[6, 4, 3]))
+  limits = np.array([9, 6, 8])
+  result = beam(model, params, src, jnp.asarray(limits), 10, beam_size=4, alpha=0.6, nbest=2)
+  tokens, log_probs = greedy(model, params, src, jnp.asarray(limits), 10)
+  for row in range(len(limits)):
+    expected = reference.beam_search(model, params, src[row], limits[row], 4, 0.6, nbest=2)[:2]
+    assert as_lists(result.tokens[row])[:len(expected)] == [seq for seq, _ in expected]
+    np.testing.assert_allclose(np.asarray(result.scores[row])[:len(expected)],
+                               [score for _, score in expected], rtol=1e-5, atol=1e-5)
+    seq, log_prob = reference.greedy_search(model, params, src[row], int(limits[row]))
+    assert as_lists(tokens)[row] == seq
+    np.testing.assert_allclose(float(log_probs[row]), log_prob, rtol=1e-5, atol=1e-5)
+
+
 def test_minimum_lengths_match_the_reference_and_forbid_early_eos(setup):
   model, params, src = setup
   min_len = np.array([1, 2, 4, 5])  # tokens before EOS

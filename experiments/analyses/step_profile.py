@@ -25,12 +25,7 @@ import ast
 import collections
 import copy
 import dataclasses
-import glob
-import gzip
-import json
-import re
 import resource
-import tempfile
 import time
 from typing import Any
 
@@ -39,6 +34,7 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
+from experiments.analyses.op_trace import op_times, traced_ops
 from transformer import partitioning
 from transformer.cli import run_program
 from transformer.config import validate
@@ -159,27 +155,16 @@ def main(argv: list[str]) -> None:
         f"{(after.ru_minflt - usage.ru_minflt) / FLAGS.steps:,.0f} page faults, "
         f"{(after.ru_stime - usage.ru_stime) / FLAGS.steps:.3f} s in the kernel")
 
-  with tempfile.TemporaryDirectory() as trace_dir:
-    jax.profiler.start_trace(trace_dir)
+  with jax.set_mesh(mesh):  # fns.step wraps the jitted function (partitioning.with_mesh)
+    hlo = fns.step.__wrapped__.lower(state, batch, rng).compile().as_text()
+
+  def three_steps():
+    nonlocal state
     for _ in range(3):
       state, sums = fns.step(state, batch, rng)
     jax.block_until_ready(sums)
-    jax.profiler.stop_trace()
-    with gzip.open(max(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True))) as f:
-      trace = json.load(f)
-  with jax.set_mesh(mesh):  # fns.step wraps the jitted function (partitioning.with_mesh)
-    hlo = fns.step.__wrapped__.lower(state, batch, rng).compile().as_text()
-  op_names = dict(re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = .*?metadata=\{op_name=\"([^\"]+)\"", hlo,
-                             re.MULTILINE))
-  per_op: collections.Counter = collections.Counter()
-  for event in trace["traceEvents"]:
-    name = event.get("name", "")
-    # XLA's ops only: HLO instruction names are lower case (`fusion.12`); the runtime's own events
-    # (`PjitFunction(train_step)`, `CommonPjRtLoadedExecutable::...`) enclose the ops they run.
-    if event.get("ph") == "X" and (name in op_names or re.fullmatch(r"[a-z_]+(\.\d+)?", name)):
-      op = op_names.get(name, name)
-      op = re.sub(r"layers?_\d+", "layer_*", re.sub(r"jit\([^)]*\)/", "", op))
-      per_op[op] += event["dur"] / 3 / 1e3  # ms per step
+
+  per_op = op_times(traced_ops(three_steps, hlo), 3)
   total = sum(per_op.values())
   by_category: collections.Counter = collections.Counter()
   for op, ms in per_op.items():

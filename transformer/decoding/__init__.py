@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-from transformer.decoding.base import IMPOSSIBLE, Result, Search, Step, length_penalty
+from transformer.decoding.base import IMPOSSIBLE, Result, Search, Step, length_penalty, top_k
 from transformer.decoding.beam import BeamSearch
 from transformer.decoding.ensemble import Ensemble, Models, as_ensemble, forced_log_probs
 from transformer.decoding.greedy import Greedy
@@ -48,4 +48,4 @@ def decode(search: Search, models: Models, params: Any, src: jax.Array, limits: 
 
 __all__ = ["IMPOSSIBLE", "SEARCHES", "BeamSearch", "Ensemble", "Greedy", "Result", "Sampling",
            "Search", "Step", "as_ensemble", "decode", "forced_log_probs", "history_mask",
-           "length_penalty"]
+           "length_penalty", "top_k"]

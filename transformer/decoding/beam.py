@@ -7,8 +7,9 @@ to the length limit. A hypothesis finishes when its EOS is among the K best exte
 With alpha = 0 a beam of 1 is greedy search; with alpha > 0 it may still prefer the runner-up
 continuation where greedy stopped, because the penalty favours longer outputs.
 
-The best 2K extensions of a sentence are found among the best 2K of each hypothesis, so no top-k
-runs over K x vocabulary candidates. reference.beam_search is the same search written plainly.
+The best 2K extensions of a sentence are found over all K x vocabulary candidates at once by
+base.top_k (chunk maxima first, so no sort runs over them). reference.beam_search is the same search
+written plainly.
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from transformer.decoding.base import IMPOSSIBLE, Result, Search, Step, at_position, length_penalty
+from transformer.decoding.base import (
+  IMPOSSIBLE,
+  Result,
+  Search,
+  Step,
+  at_position,
+  length_penalty,
+  top_k,
+)
 from transformer.model import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -77,15 +86,11 @@ class BeamSearch(Search):
   def update(self, state: BeamState, step: Step) -> BeamState:
     """Extends every live hypothesis by every token and keeps the best K live and K finished."""
     log_probs, beam = step.log_probs, self.beam_size
-    slots, decode_len = log_probs.shape[0], state.alive_seqs.shape[-1]
-    # The best 2K extensions of a sentence are among the best 2K of each of its hypotheses, and 2K
-    # candidates always hold K that do not end in EOS.
-    per_beam = min(2 * beam, log_probs.shape[-1])
-    beam_log_probs, beam_tokens = jax.lax.top_k(log_probs, per_beam)  # [R, K, per_beam]
-    candidates = (state.alive_log_probs[:, :, None] + beam_log_probs).reshape(slots, -1)
-    top_scores, top_ids = jax.lax.top_k(candidates, 2 * beam)
-    top_beams = top_ids // per_beam
-    top_tokens = jnp.take_along_axis(beam_tokens.reshape(slots, -1), top_ids, axis=1)
+    slots, vocab, decode_len = log_probs.shape[0], log_probs.shape[-1], state.alive_seqs.shape[-1]
+    # 2K candidates always hold K that do not end in EOS; ties go to the lower hypothesis, then token.
+    candidates = (state.alive_log_probs[:, :, None] + log_probs).reshape(slots, -1)
+    top_scores, top_ids = top_k(candidates, 2 * beam)
+    top_beams, top_tokens = top_ids // vocab, top_ids % vocab
     top_seqs = jnp.where(at_position(step.position, decode_len), top_tokens[:, :, None],
                          gather_beams(state.alive_seqs, top_beams))
     is_eos = top_tokens == EOS_ID

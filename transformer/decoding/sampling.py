@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from transformer.decoding.base import IMPOSSIBLE, Step
+from transformer.decoding.base import IMPOSSIBLE, Step, top_k
 from transformer.decoding.greedy import Greedy
 
 
@@ -40,7 +40,7 @@ class Sampling(Greedy):
   def choose(self, step: Step, log_probs: jax.Array) -> jax.Array:
     logits = log_probs / self.temperature
     if self.top_k:
-      kth = jax.lax.top_k(logits, self.top_k)[0][:, -1:]
+      kth = top_k(logits, self.top_k)[0][:, -1:]
       logits = jnp.where(logits < kth, IMPOSSIBLE, logits)
     if self.top_p < 1.0:
       ordered = jnp.sort(logits, axis=-1)[:, ::-1]

@@ -1,0 +1,91 @@
+"""Where decoding's time goes: a jax.profiler trace of the evaluation program's search, its ops
+summed by the code they come from.
+
+    python -m experiments.analyses.decode_profile --config=configs/multi30k.py \
+        --config.model.num_layers=3 [--beam_size=4] [--top=25]
+
+Decodes transformer-benchmark's synthetic workload (1,000 sources of 8-24 tokens, each to its own
+length; untrained parameters) through translator.search_ids as transformer-eval does, once to
+compile, once timed, once traced; maps each executed XLA op to the JAX operation it was compiled from
+(op_trace.traced_ops) and sums op time by part of the search. Op time is summed over XLA's
+threads; read the shares, and the wall time during which no op or one op ran (the cores idle or
+alone).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import jax
+from absl import flags
+from ml_collections import config_flags
+
+from experiments.analyses.op_trace import concurrency, op_times, traced_ops
+from transformer import translator
+from transformer.benchmark import synthetic_workload
+from transformer.cli import run_program
+from transformer.model import ModelConfig, Transformer, initial_params
+
+config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Run config to profile.")
+flags.DEFINE_integer("beam_size", 4, "Beam size (1 = greedy).")
+flags.DEFINE_integer("top", 20, "Also list this many single operations with the most time.")
+FLAGS = flags.FLAGS
+
+PARTS = (  # (part, substrings of the JAX op name), first match wins
+    # XLA fuses the projection with log-softmax's maximum: the fusion carries the latter's name.
+    ("output projection (vocabulary) and log-softmax", ("btd,vd->btv", "log_softmax")),
+    ("matmul: layers", ("dot_general",)),
+    ("forbidden tokens (allowed)", ("allowed",)),
+    ("beam: top-k over candidates", ("top_k",)),
+    ("beam: sequences, origin, finished (gathers, writes)", ("beam.py", "BeamSearch", "gather")),
+    ("attention: softmax, masks, cache", ("attention", "kv_cache", "history_mask")),
+    ("LayerNorm", ("_norm",)),
+    ("slot loop: refill, write-out", ("loop.py", "_refill", "while")),
+)
+
+
+def part(op: str) -> str:
+  for name, keys in PARTS:
+    if any(k in op for k in keys):
+      return name
+  return "other (embeddings, residual adds, ReLU, copies)"
+
+
+def main(argv: list[str]) -> None:
+  cfg = FLAGS.config
+  config = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
+  model = Transformer(config)
+  params = initial_params(model, jax.random.key(0))
+  src, lengths, origin = synthetic_workload(1000, 16, config.vocab_size)
+  settings = translator.SearchSettings.from_config(cfg, beam_size=FLAGS.beam_size)
+  cache: dict = {}
+  decode = lambda: translator.search_ids(model, params, src, settings, cfg.data.max_len, cache,
+                                         lengths)
+  decode()  # compile
+  t = time.perf_counter()
+  decode()
+  seconds = time.perf_counter() - t
+  print(f"{origin}, beam {FLAGS.beam_size}: {seconds:.2f} s, {sum(lengths) / seconds:,.0f} target "
+        f"tokens/s")
+  hlo = "\n".join(compiled.as_text() for compiled in cache.values())
+  ops = traced_ops(decode, hlo)
+  per_op = op_times(ops, 1)
+  total = sum(per_op.values())
+  running = concurrency(ops)
+  print("wall time with n ops running: " + ", ".join(
+      f"{n}: {s:.2f} s ({s / sum(running.values()):.0%})" for n, s in running.items()))
+  by_part: collections.Counter = collections.Counter()
+  for op, ms in per_op.items():
+    by_part[part(op)] += ms
+  print(f"\nop time {total:.0f} ms (summed over threads)\n")
+  print("| part of the search | op time | share |\n|---|---|---|")
+  for name, ms in by_part.most_common():
+    print(f"| {name} | {ms:.0f} ms | {ms / total:.0%} |")
+  print(f"\nThe {FLAGS.top} single operations with the most time:")
+  for op, ms in per_op.most_common(FLAGS.top):
+    print(f"  {ms:7.1f} ms  {op[:150]}")
+
+
+if __name__ == "__main__":
+  run_program("experiments.analyses.decode_profile", main)

@@ -1,0 +1,59 @@
+"""Per-operation time of a compiled JAX program, from a jax.profiler trace: shared by the profiles
+of the training step (step_profile) and of decoding (decode_profile)."""
+
+from __future__ import annotations
+
+import collections
+import glob
+import gzip
+import json
+import re
+import tempfile
+from collections.abc import Callable
+
+import jax
+
+
+def traced_ops(run: Callable[[], object], hlo: str) -> list[dict]:
+  """The trace events of XLA's ops while `run()` executes the program whose compiled HLO text is
+  `hlo`, each with its JAX op (`op`: the `op_name` metadata it was compiled from, layers merged as
+  `layer_*`) beside the trace's thread (`tid`), start (`ts`) and duration (`dur`), in µs."""
+  with tempfile.TemporaryDirectory() as trace_dir:
+    jax.profiler.start_trace(trace_dir)
+    run()
+    jax.profiler.stop_trace()
+    with gzip.open(max(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True))) as f:
+      trace = json.load(f)
+  op_names = dict(re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = .*?metadata=\{op_name=\"([^\"]+)\"", hlo,
+                             re.MULTILINE))
+  ops = []
+  for event in trace["traceEvents"]:
+    name = event.get("name", "")
+    # XLA's ops only: HLO instruction names are lower case (`fusion.12`); the runtime's own events
+    # (`PjitFunction(train_step)`, `CommonPjRtLoadedExecutable::...`) enclose the ops they run.
+    if event.get("ph") == "X" and (name in op_names or re.fullmatch(r"[a-z_]+(\.\d+)?", name)):
+      op = op_names.get(name, name)
+      op = re.sub(r"layers?_\d+", "layer_*", re.sub(r"^(jit\([^)]*\)/)+", "", op))
+      ops.append({"op": op, "tid": event["tid"], "ts": event["ts"], "dur": event["dur"]})
+  return ops
+
+
+def op_times(ops: list[dict], calls: int) -> collections.Counter:
+  """Milliseconds per call of each JAX op in `ops` (traced_ops of `calls` calls), summed over
+  threads."""
+  per_op: collections.Counter = collections.Counter()
+  for event in ops:
+    per_op[event["op"]] += event["dur"] / calls / 1e3
+  return per_op
+
+
+def concurrency(ops: list[dict]) -> dict[int, float]:
+  """Seconds of the traced span during which 0, 1, 2, ... ops ran at once: how much of the wall
+  time the cores spent idle (between ops: the runtime's own work) or alone."""
+  edges = sorted([(e["ts"], 1) for e in ops] + [(e["ts"] + e["dur"], -1) for e in ops])
+  seconds: collections.Counter = collections.Counter()
+  running, last = 0, edges[0][0]
+  for t, change in edges:
+    seconds[running] += (t - last) / 1e6
+    running, last = running + change, t
+  return dict(sorted(seconds.items()))
