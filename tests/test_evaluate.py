@@ -12,7 +12,7 @@ import pytest
 from helpers import init_params, run_cli, tiny_model_config, tiny_run_config
 
 from transformer import decoding, translator
-from transformer.config import base_config
+from transformer.config import ConfigError, base_config
 from transformer.data import sources
 from transformer.data import vocab as vocab_lib
 from transformer.evaluate import evaluate
@@ -145,6 +145,38 @@ def test_nbest_lists_are_the_searchs_and_start_with_the_translation(trained):
       assert h["text"] == vocab.decode(row[:n - 1].tolist()) and h["tokens"] == n
       assert h["score"] == pytest.approx(float(score), abs=1e-5)
       assert h["log_prob"] == pytest.approx(float(score) * ((5 + n) / 6) ** 0.6, abs=1e-4)
+
+
+def test_bfloat16_search_scores_its_hypotheses_as_the_float32_model_does(trained):
+  """Quantised decoding: the bf16 search's log-probabilities are the float32 model's up to bf16
+  rounding, and its translations mostly the same; its reports get their own name."""
+  cfg, workdir = trained
+  run = load_run(workdir)
+  cfg, vocab, model, params = run.config, run.vocab, run.model, run.params()
+  sentences = sources.load_split(cfg.data, cfg.data.eval_split).source[:16]
+  settings = SearchSettings(beam_size=3, max_extra_len=5, tokens_per_batch=1000)
+  half = dataclasses.replace(settings, matmul_dtype="bfloat16")
+  models, cast = translator.with_matmul_dtype([model], [params], "bfloat16")
+  assert models[0].config.matmul_dtype == jnp.bfloat16
+  assert {(x.ndim >= 2, x.dtype) for x in jax.tree.leaves(cast)} == {
+      (True, jnp.dtype(jnp.bfloat16)), (False, jnp.dtype(jnp.float32))}
+  ids = [vocab.encode(s)[:cfg.data.max_len - 1] + [EOS_ID] for s in sentences]
+  full, _ = translator.search_ids(model, params, ids, settings, cfg.data.max_len)
+  quantised, _ = translator.search_ids(model, params, ids, half, cfg.data.max_len)
+  found = [hypotheses[0][0] for hypotheses in quantised]
+  src = jnp.asarray([i + [PAD_ID] * (cfg.data.max_len - len(i)) for i in ids])
+  width = max(map(len, found))
+  tgt = jnp.asarray([t + [PAD_ID] * (width - len(t)) for t in found])
+  exact = np.asarray(decoding.forced_log_probs(model, params, src, tgt)).sum(-1)
+  rounded = np.asarray(decoding.forced_log_probs(models[0], cast[0], src, tgt)).sum(-1)
+  # The search's log-probabilities are the bf16 model's, within bf16 rounding of the exact ones.
+  np.testing.assert_allclose([h[0][2] for h in quantised], rounded, rtol=1e-4, atol=1e-3)
+  per_token = np.abs(rounded - exact) / np.array([len(t) for t in found])
+  assert 0 < per_token.max() < 0.02, per_token  # nats per token
+  assert sum(a[0][0] == b[0][0] for a, b in zip(full, quantised)) >= 12
+  assert half.tag(settings) == "_bfloat16" and half.describe()["matmul_dtype"] == "bfloat16"
+  with pytest.raises(ConfigError, match="--matmul_dtype must be one of float32, bfloat16"):
+    dataclasses.replace(settings, matmul_dtype="int4").check()
 
 
 def test_samples_do_not_depend_on_batching(trained):

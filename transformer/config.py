@@ -14,6 +14,7 @@ from transformer.errors import UserError
 POSITIONAL_KINDS = ("sinusoidal", "learned")
 NORM_KINDS = ("post", "pre")
 DTYPES = ("float32", "bfloat16", "float16")
+MATMUL_DTYPES = ("float32", "bfloat16")  # decode.matmul_dtype: bfloat16 = quantised decoding
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg", "unsafe_rbg_threefry")
 DATA_SOURCES = ("multi30k", "files", "tfds")
 VOCAB_MODEL_TYPES = ("bpe", "unigram")
@@ -132,6 +133,8 @@ def _decode_keys() -> ml_collections.ConfigDict:
   decode.max_extra_len = 50         # output may be up to input length + this.
   decode.min_len = 0                # tokens before EOS at least; 0 allows the empty output (t2t).
   decode.tokens_per_batch = 1024    # source tokens per decoding batch (before the beam): the slots.
+  decode.matmul_dtype = "float32"   # 'bfloat16': the search's weight matrices in bf16, float32
+                                    # sums and activations (quantised decoding; docs/evaluating.md).
   return decode
 
 
@@ -210,6 +213,7 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
   _choice(cfg, "model.positional", POSITIONAL_KINDS)
   _choice(cfg, "model.norm", NORM_KINDS)
   _choice(cfg, "model.dtype", DTYPES)
+  _choice(cfg, "decode.matmul_dtype", MATMUL_DTYPES)
   _choice(cfg, "data.source", DATA_SOURCES)
   _choice(cfg, "train.dropout_rng", RNG_IMPLS)
   _choice(cfg, "data.vocab_model_type", VOCAB_MODEL_TYPES)

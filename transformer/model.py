@@ -59,11 +59,12 @@ class ModelConfig:
   attention: str  # 'auto' | 'xla' | 'cudnn' | 'reference' (see attention_kernel)
   remat: str      # 'none' | 'full' | 'dots': what the backward pass recomputes per layer
   scan_layers: bool
+  matmul_dtype: Any = None  # quantised decoding (bf16): weights and products' inputs in it, sums not
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
     """Builds the model config from a run config's `model` section and the vocabulary size."""
-    fields = {f.name for f in dataclasses.fields(cls)} - {"vocab_size", "dtype"}
+    fields = {f.name for f in dataclasses.fields(cls)} - {"vocab_size", "dtype", "matmul_dtype"}
     return cls(vocab_size=vocab_size, dtype=jnp.dtype(model.dtype),
                **{name: model[name] for name in fields})
 
@@ -160,7 +161,7 @@ class MultiHeadAttention(nn.Module):
     cfg = self.config
     heads = cfg.num_heads
     project = lambda name, depth: nn.DenseGeneral(
-        (heads, depth), dtype=cfg.dtype, name=name,
+        (heads, depth), dtype=cfg.dtype, name=name, dot_general=matmul(cfg),
         kernel_init=_init(_dense_init, "embed", "heads", "kv"), bias_init=_init(_zeros, "heads", "kv"))
     query = project("query", cfg.key_dim)(inputs_q)
     key_proj, value_proj = project("key", cfg.key_dim), project("value", cfg.value_dim)
@@ -175,6 +176,7 @@ class MultiHeadAttention(nn.Module):
                            for x in (query, key, value))
       out = self._full_sequence(query, key, value, mask, deterministic)
     return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), dtype=cfg.dtype, name="out",
+                           dot_general=matmul(cfg),
                            kernel_init=_init(_dense_init, "heads", "kv", "embed"),
                            bias_init=_init(_zeros, "embed"))(out)
 
@@ -207,10 +209,22 @@ class FeedForward(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     cfg = self.config
     x = nn.Dense(cfg.d_ff, dtype=cfg.dtype, name="wi", kernel_init=_init(_dense_init, "embed", "mlp"),
-                 bias_init=_init(_zeros, "mlp"))(x)
+                 bias_init=_init(_zeros, "mlp"), dot_general=matmul(cfg))(x)
     x = constrain(nn.relu(x), "batch", "length", "act_mlp")
     return nn.Dense(cfg.d_model, dtype=cfg.dtype, name="wo", kernel_init=_init(_dense_init, "mlp", "embed"),
-                    bias_init=_init(_zeros, "embed"))(x)
+                    bias_init=_init(_zeros, "embed"), dot_general=matmul(cfg))(x)
+
+
+def matmul(config: ModelConfig) -> Callable:
+  """The layers' matrix product: lax.dot_general, or with `matmul_dtype` (bf16 weights) its
+  operands in that dtype and its sums in the activation dtype, so only the products' inputs are
+  rounded (on CPUs with AVX512-BF16 about twice the float32 speed)."""
+  if config.matmul_dtype is None:
+    return jax.lax.dot_general
+  def dot_general(x, kernel, dimensions, precision=None, preferred_element_type=None):
+    return jax.lax.dot_general(x.astype(config.matmul_dtype), kernel.astype(config.matmul_dtype),
+                               dimensions, precision=precision, preferred_element_type=x.dtype)
+  return dot_general
 
 
 def residual(config: ModelConfig, x: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
@@ -357,7 +371,9 @@ class Decoder(nn.Module):
       matrix = self.param("output_embedding",
                           _init(nn.initializers.normal(cfg.d_model ** -0.5), "vocab", "embed"),
                           (cfg.vocab_size, cfg.d_model))
-    return constrain(output_logits(x, jnp.asarray(matrix, cfg.dtype)), "batch", "length", "act_vocab")
+    dtype = cfg.matmul_dtype or cfg.dtype
+    return constrain(output_logits(x.astype(dtype), jnp.asarray(matrix, dtype)), "batch", "length",
+                     "act_vocab")
 
 
 # -------------------------------------------------------------------------------------------- model

@@ -23,7 +23,7 @@ import numpy as np
 import sentencepiece as spm
 
 from transformer import decoding, partitioning, progress
-from transformer.config import ConfigError
+from transformer.config import MATMUL_DTYPES, ConfigError
 from transformer.data import batching
 from transformer.data.batching import pad_rows
 from transformer.model import EOS_ID, PAD_ID, Transformer
@@ -47,13 +47,15 @@ class SearchSettings:
   top_p: float = 1.0
   seed: int = 0
   tokens_per_batch: int = 1024  # source tokens per batch: the slots (decoding/loop.py) of a length bucket
+  matmul_dtype: str = "float32"  # of the weight matrices while searching ('bfloat16': quantised)
 
   @classmethod
   def from_config(cls, cfg: ml_collections.ConfigDict, **overrides: Any) -> SearchSettings:
     """The config's decode settings with the flags that were given (None = not given), checked."""
     settings = cls(beam_size=cfg.decode.beam_size, alpha=cfg.decode.alpha,
                    max_extra_len=cfg.decode.max_extra_len, min_len=cfg.decode.min_len,
-                   tokens_per_batch=cfg.decode.tokens_per_batch)
+                   tokens_per_batch=cfg.decode.tokens_per_batch,
+                   matmul_dtype=cfg.decode.matmul_dtype)
     settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
     settings.check()
     return settings
@@ -84,6 +86,9 @@ class SearchSettings:
       raise ConfigError(f"--top_k must be >= 0 (0 = no limit), got {self.top_k}")
     if not 0 < self.top_p <= 1:
       raise ConfigError(f"--top_p must be in (0, 1], got {self.top_p:g}")
+    if self.matmul_dtype not in MATMUL_DTYPES:
+      raise ConfigError(f"--matmul_dtype must be one of {', '.join(MATMUL_DTYPES)}, got "
+                        f"{self.matmul_dtype!r}")
     if self.tokens_per_batch < 1:
       raise ConfigError(f"--tokens_per_batch must be >= 1, got {self.tokens_per_batch}")
 
@@ -95,7 +100,7 @@ class SearchSettings:
 
   def tag(self, default: SearchSettings) -> str:
     """What names this search in report files beside `default` (the run config's): '' for the
-    same search, else e.g. '_greedy', '_beam8_alpha1', '_sample_seed3', '_extra20'; so another
+    same search, else e.g. '_greedy', '_beam8_alpha1', '_sample_seed3', '_extra20', '_bfloat16'; so another
     search never overwrites the default's report. (A minimum length has its own '_min<L>'.)"""
     mine, theirs = self.describe(), default.describe()
     mine.pop("min_len", None)
@@ -105,7 +110,9 @@ class SearchSettings:
              "top_p": "p"}
     for key, value in mine.items():
       if key != "search" and (mine["search"] != theirs["search"] or value != theirs.get(key)):
-        if mine["search"] == theirs["search"] or key in ("seed", "temperature", "top_k", "top_p"):
+        if key == "matmul_dtype":
+          parts.append(value)
+        elif mine["search"] == theirs["search"] or key in ("seed", "temperature", "top_k", "top_p"):
           parts.append(f"{short.get(key, key)}{value:g}")
     return "".join(f"_{p}" for p in parts)
 
@@ -117,6 +124,8 @@ class SearchSettings:
     described["max_extra_len"] = self.max_extra_len
     if self.min_len:  # reports of the default search keep their keys
       described["min_len"] = self.min_len
+    if self.matmul_dtype != "float32":
+      described["matmul_dtype"] = self.matmul_dtype
     return described
 
 
@@ -188,6 +197,18 @@ def decode_length(models: Sequence[Transformer], length: int, settings: SearchSe
   return min([length + settings.max_extra_len, *learned])
 
 
+def with_matmul_dtype(models: Sequence[Transformer], params: Any, dtype: str
+                      ) -> tuple[tuple[Transformer, ...], Any]:
+  """Quantised decoding: the models' matrices (every parameter of two or more dimensions) stored in
+  `dtype`, cast once here, and their products taking `dtype` operands (model.matmul); activations,
+  sums, biases and LayerNorm stay float32."""
+  if dtype == "float32":
+    return tuple(models), params
+  dtype = jnp.dtype(dtype)
+  models = tuple(m.clone(config=dataclasses.replace(m.config, matmul_dtype=dtype)) for m in models)
+  return models, jax.tree.map(lambda x: x.astype(dtype) if x.ndim >= 2 else x, params)
+
+
 def search_ids(models: Transformer | Sequence[Transformer], params: Any,
                ids: Sequence[Sequence[int]], settings: SearchSettings, max_source_len: int,
                compiled_cache: dict | None = None,
@@ -200,6 +221,7 @@ def search_ids(models: Transformer | Sequence[Transformer], params: Any,
   the benchmark's way to do realistic work with untrained parameters.
   """
   models, params = decoding.as_ensemble(models, params)
+  models, params = with_matmul_dtype(models, params, settings.matmul_dtype)
   compiled_cache = {} if compiled_cache is None else compiled_cache
   mesh = partitioning.data_mesh()
   results: list[list[tuple[list[int], float, float]]] = [[] for _ in ids]

@@ -14,7 +14,9 @@ EOS), so both do the same number of decoder steps whatever the untrained weights
 CTranslate2 takes one length per call, so its sentences go in one call per output length, batched by
 `--ct2_batch_tokens` (its best on this machine: 8,192). Ours go through translator.search_ids as
 transformer-eval runs them. Engines alternate `--repeats` times; compile and load times are left out.
-Prints a markdown table (target tokens/s, each engine's ratio to ours) and writes the figures as JSON.
+Ours runs with float32 and with bf16 weight matrices (decode.matmul_dtype; `--matmul_dtypes`), as
+CTranslate2 with float32 and int8 weights (`--compute_types`). Prints a markdown table (target
+tokens/s, each engine's ratio to ours in float32) and writes the figures as JSON.
 """
 
 from __future__ import annotations
@@ -46,16 +48,23 @@ flags.DEFINE_integer("threads", 2, "CTranslate2's intra_threads (ours: XLA's, al
 flags.DEFINE_integer("ct2_batch_tokens", 8192, "CTranslate2's max_batch_size in tokens.")
 flags.DEFINE_list("compute_types", ["float32", "int8"], "CTranslate2 compute types to time.")
 flags.DEFINE_list("beams", ["4", "1"], "Beam sizes (1 = greedy).")
+flags.DEFINE_list("matmul_dtypes", ["float32", "bfloat16"], "Our decode.matmul_dtype values to "
+                  "time; ratios are to the first.")
 flags.DEFINE_string("output", None, "Write the figures as JSON here too.")
 
 
-def ours(model, params, src, lengths, beam, max_len):
-  settings = translator.SearchSettings.from_config(FLAGS.config, beam_size=beam)
+def ours(model, params, src, lengths, beam, max_len, matmul_dtype):
+  settings = translator.SearchSettings.from_config(FLAGS.config, beam_size=beam,
+                                                   matmul_dtype=matmul_dtype)
   cache = {}
   translator.search_ids(model, params, src, settings, max_len, cache, lengths)  # compiles
   t = time.perf_counter()
   translator.search_ids(model, params, src, settings, max_len, cache, lengths)
   return time.perf_counter() - t
+
+
+def engine_name(matmul_dtype: str) -> str:
+  return "ours" if matmul_dtype == "float32" else f"ours {matmul_dtype} matrices"
 
 
 def theirs(directory, compute_type, pieces, lengths, beam):
@@ -97,7 +106,9 @@ def main(argv):
     seconds = collections.defaultdict(list)
     for _ in range(FLAGS.repeats):
       for beam in map(int, FLAGS.beams):
-        seconds[("ours", beam)].append(ours(model, params, src, lengths, beam, cfg.data.max_len))
+        for dtype in FLAGS.matmul_dtypes:
+          seconds[(engine_name(dtype), beam)].append(
+              ours(model, params, src, lengths, beam, cfg.data.max_len, dtype))
         for ct in FLAGS.compute_types:
           time.sleep(1)  # the last engine's idle threads stop spinning
           seconds[(f"ctranslate2 {ct}", beam)].append(
@@ -106,7 +117,7 @@ def main(argv):
     shutil.rmtree(directory)
   rows = []
   for beam in map(int, FLAGS.beams):
-    base = tokens / np.median(seconds[("ours", beam)])
+    base = tokens / np.median(seconds[(engine_name(FLAGS.matmul_dtypes[0]), beam)])
     for (engine, b), runs in seconds.items():
       if b == beam:
         rate = [tokens / s for s in runs]
