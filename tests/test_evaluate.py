@@ -158,8 +158,10 @@ def test_bfloat16_search_scores_its_hypotheses_as_the_float32_model_does(trained
   half = dataclasses.replace(settings, matmul_dtype="bfloat16")
   models, cast = translator.with_matmul_dtype([model], [params], "bfloat16")
   assert models[0].config.matmul_dtype == jnp.bfloat16
-  assert {(x.ndim >= 2, x.dtype) for x in jax.tree.leaves(cast)} == {
-      (True, jnp.dtype(jnp.bfloat16)), (False, jnp.dtype(jnp.float32))}
+  kinds = {(jax.tree_util.keystr(path).split("'")[-2], x.dtype)
+           for path, x in jax.tree_util.tree_leaves_with_path(cast)}
+  assert {name for name, dtype in kinds if dtype == jnp.bfloat16} == {"kernel", "embedding"}
+  assert {name for name, dtype in kinds if dtype == jnp.float32} == {"bias", "scale"}
   ids = [vocab.encode(s)[:cfg.data.max_len - 1] + [EOS_ID] for s in sentences]
   full, _ = translator.search_ids(model, params, ids, settings, cfg.data.max_len)
   quantised, _ = translator.search_ids(model, params, ids, half, cfg.data.max_len)

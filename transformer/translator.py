@@ -199,14 +199,20 @@ def decode_length(models: Sequence[Transformer], length: int, settings: SearchSe
 
 def with_matmul_dtype(models: Sequence[Transformer], params: Any, dtype: str
                       ) -> tuple[tuple[Transformer, ...], Any]:
-  """Quantised decoding: the models' matrices (every parameter of two or more dimensions) stored in
-  `dtype`, cast once here, and their products taking `dtype` operands (model.matmul); activations,
-  sums, biases and LayerNorm stay float32."""
+  """Quantised decoding: the models' weight matrices (dense kernels, token and output embeddings)
+  stored in `dtype`, cast once here, and their products taking `dtype` operands (model.matmul);
+  activations, sums, biases, LayerNorm and learned positions stay float32."""
   if dtype == "float32":
     return tuple(models), params
   dtype = jnp.dtype(dtype)
   models = tuple(m.clone(config=dataclasses.replace(m.config, matmul_dtype=dtype)) for m in models)
-  return models, jax.tree.map(lambda x: x.astype(dtype) if x.ndim >= 2 else x, params)
+
+  def cast(path: tuple, x: jax.Array) -> jax.Array:
+    names = [str(getattr(k, "key", k)) for k in path]
+    matrix = names[-1] in ("kernel", "output_embedding") or (
+        names[-1] == "embedding" and names[-2].endswith("embed"))
+    return x.astype(dtype) if matrix else x
+  return models, jax.tree_util.tree_map_with_path(cast, params)
 
 
 def search_ids(models: Transformer | Sequence[Transformer], params: Any,
