@@ -1,17 +1,24 @@
-"""sacreBLEU through our wrapper against BLEU computed by hand from clipped n-gram counts."""
+"""sacreBLEU through our wrapper against BLEU computed by hand from clipped n-gram counts; the paper's
+tokenized BLEU; the Multi30k literature's lowercased tokenized BLEU against the release's own
+tokenized files and multi-bleu.perl (tests/fixtures/multi30k_lc_tok/README.md)."""
 
 import collections
+import gzip
 import math
+from pathlib import Path
 
 import pytest
 from sacrebleu.metrics import BLEU
 
 from transformer.bleu import (
   compound_split,
+  lc_tok_bleu,
+  multi30k_tokenize,
   paper_tokenize,
   sacrebleu_score,
   tokenized_bleu,
 )
+from transformer.data import sources
 
 
 def reference_bleu(hypotheses, references):
@@ -99,3 +106,43 @@ def test_tokenized_bleu_equals_multi_bleu_on_pre_tokenized_text():
   assert result["lines"] == 3 and result["case"] == "cased" and "moses(de)" in result["tokenizer"]
   assert "get_ende_bleu.sh" in result["tokenizer"]
   assert result["bleu"] > sacrebleu_score(hypotheses, references)["bleu"]  # compounds count thrice
+
+
+LC_TOK = Path(__file__).parent / "fixtures" / "multi30k_lc_tok"
+
+
+def bundled(split: str, lang: str) -> list[str]:
+  with gzip.open(Path(sources.BUNDLED_DIR) / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+    return f.read().splitlines()
+
+
+@pytest.mark.parametrize("lang", ["de", "en"])
+def test_multi30k_tokenize_reproduces_the_releases_tokenized_validation_set(lang):
+  official = (LC_TOK / f"val.lc.norm.tok.{lang}").read_text(encoding="utf-8").splitlines()
+  ours = [multi30k_tokenize(line, lang) for line in bundled("val", lang)]
+  assert len(ours) == len(official) == 1014
+  assert [i for i, (a, b) in enumerate(zip(ours, official)) if a != b] == []
+
+
+def test_multi30k_tokenize_keeps_the_release_mosess_quote_rules():
+  # Lines of the release's train files (train.lc.norm.tok.de / .fr): a single quote mark between
+  # ASCII letters is an apostrophe, elsewhere a double quote; '."' at a line's end becomes '".'.
+  assert multi30k_tokenize("Trader Joe\u2018s, mit einem Wagen.", "de") == (
+      "trader joe &apos; s , mit einem wagen .")
+  assert multi30k_tokenize("Un coup d\u2019\u0153il.", "fr") == "un coup d &quot; \u0153il ."
+  assert multi30k_tokenize('steht: "Come on now."', "de") == (
+      "steht : &quot; come on now &quot; .")
+
+
+def test_lc_tok_bleu_is_multi_bleu_perl_on_the_releases_references():
+  hypotheses = (LC_TOK / "hypotheses.de").read_text(encoding="utf-8").splitlines()
+  result = lc_tok_bleu(hypotheses, bundled("val", "de")[:200], "de")
+  # multi-bleu.perl: BLEU = 33.85, 68.0/43.9/30.3/21.8 (BP=0.903, ratio=0.908, hyp_len=2229,
+  # ref_len=2456)
+  assert round(result["bleu"], 2) == 33.85
+  assert [round(p, 1) for p in result["precisions"]] == [68.0, 43.9, 30.3, 21.8]
+  assert round(result["brevity_penalty"], 3) == 0.903
+  assert (result["hyp_len"], result["ref_len"], result["lines"]) == (2229, 2456, 200)
+  assert result["case"] == "lowercased"
+  with pytest.raises(ValueError, match="200 hypotheses but 3 references"):
+    lc_tok_bleu(hypotheses, ["a", "b", "c"], "de")

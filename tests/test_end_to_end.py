@@ -64,11 +64,14 @@ def check_tensorboard(workdir, report):
                        [(r["step"], r[key]) for r in read_metrics(workdir, "eval")])
   bleu_scalars = tensorboard_scalars(workdir / "eval")
   assert sorted(bleu_scalars) == [  # a search other than the config's beam 4 is named
-      "bleu/validation_beam2", "chrf/validation_beam2", "tokenized_bleu/validation_beam2"]
+      "bleu/validation_beam2", "chrf/validation_beam2", "lc_tok_bleu/validation_beam2",
+      "tokenized_bleu/validation_beam2"]
   assert_same_points(bleu_scalars["bleu/validation_beam2"], [(8, report["sacrebleu"]["bleu"])])
   assert_same_points(bleu_scalars["chrf/validation_beam2"], [(8, report["chrf"]["chrf"])])
   assert_same_points(bleu_scalars["tokenized_bleu/validation_beam2"],
                      [(8, report["tokenized_bleu"]["bleu"])])
+  assert_same_points(bleu_scalars["lc_tok_bleu/validation_beam2"],
+                     [(8, report["lc_tok_bleu"]["bleu"])])
 
 
 def test_train_resume_and_evaluate(tmp_path):

@@ -102,12 +102,13 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
   score = bleu.sacrebleu_score(hypotheses, text.target)
   chrf = bleu.chrf_score(hypotheses, text.target)
   paper_score = bleu.tokenized_bleu(hypotheses, text.target, cfg.data.tgt_lang)
+  lc_tok = bleu.lc_tok_bleu(hypotheses, text.target, cfg.data.tgt_lang)
   report = {"workdir": members[0], "checkpoint_step": step, "averaged_steps": steps,
             "ensemble": members if len(members) > 1 else None, "ema": ema,
             "test_set": name,
             "source": text.name, "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}",
             "sacrebleu": score, "chrf": chrf, "tokenized_bleu": paper_score,
-            "decode": settings.describe(), "search_tag": tag, **stats,
+            "lc_tok_bleu": lc_tok, "decode": settings.describe(), "search_tag": tag, **stats,
             "total_sec": time.time() - t}
   report["files"] = write_report(report, result, text.source, settings)
   return report
@@ -134,6 +135,7 @@ def write_report(report: dict[str, Any], result: translator.Translations, source
     writer.write("bleu", step, test_set=report["test_set"], averaged=len(steps), ensemble=members,
                  ema=report["ema"], bleu=report["sacrebleu"]["bleu"], chrf=report["chrf"]["chrf"],
                  tokenized_bleu=report["tokenized_bleu"]["bleu"],
+                 lc_tok_bleu=report["lc_tok_bleu"]["bleu"],
                  signature=report["sacrebleu"]["signature"], search_tag=report["search_tag"],
                  **settings.describe())
   return files
@@ -165,7 +167,8 @@ def main(argv: list[str]) -> None:
   if raw:
     print(f"  without the moving average (the checkpoint's own parameters): sacreBLEU "
           f"{raw['sacrebleu']['bleu']:.2f}, chrF {raw['chrf']['chrf']:.2f}, tokenized BLEU "
-          f"{raw['tokenized_bleu']['bleu']:.2f}; report: {raw['files'][1]}")
+          f"{raw['tokenized_bleu']['bleu']:.2f}, lowercased tokenized BLEU "
+          f"{raw['lc_tok_bleu']['bleu']:.2f}; report: {raw['files'][1]}")
 
 
 def print_report(report: dict[str, Any]) -> None:
@@ -181,6 +184,8 @@ def print_report(report: dict[str, Any]) -> None:
   paper = report["tokenized_bleu"]
   print(f"  tokenized BLEU (the paper's: {paper['tokenizer']}, cased, multi-bleu) "
         f"{paper['bleu']:.2f}")
+  print(f"  lowercased tokenized BLEU (the Multi30k literature's: lc.norm.tok, multi-bleu) "
+        f"{report['lc_tok_bleu']['bleu']:.2f}")
   print(f"decoded {report['sentences']} sentences in {format_duration(report['decode_sec'])} "
         f"({report['sentences_per_sec']:.1f} sentences/s, {report['target_tokens_per_sec']:.0f} "
         f"target tokens/s; +{report['compile_sec']:.1f}s compile, "

@@ -83,13 +83,13 @@ def evaluation_suffix(averaged: int = 1, ensemble: int = 1, ema: bool = False,
 def tensorboard_scalars(record: dict[str, Any]) -> dict[str, float]:
   """The TensorBoard scalars of a metrics record: every number of a 'train', 'eval' or 'checkpoint'
   record as 'event/key' (train/loss, eval/perplexity, ...); BLEU as bleu/<test set>, chrf/<test
-  set> and tokenized_bleu/<test set> (with `evaluation_suffix`)."""
+  set>, tokenized_bleu/<test set> and lc_tok_bleu/<test set> (with `evaluation_suffix`)."""
   event = record["event"]
   if event == "bleu":
     name = record["test_set"] + evaluation_suffix(
         record.get("averaged", 1), record.get("ensemble", 1), record.get("ema", False),
         record.get("min_len", 0), record.get("search_tag", ""))
-    return {f"{kind}/{name}": record[kind] for kind in ("bleu", "chrf", "tokenized_bleu")
+    return {f"{kind}/{name}": record[kind] for kind in ("bleu", "chrf", "tokenized_bleu", "lc_tok_bleu")
             if kind in record}
   if event not in TENSORBOARD_EVENTS:
     return {}

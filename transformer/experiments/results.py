@@ -86,6 +86,7 @@ def collect(runs: Sequence[Any]) -> list[dict[str, Any]]:
       row[f"{name}_bleu"] = report["sacrebleu"]["bleu"] if report else None
       row[f"{name}_ema_bleu"] = averaged["sacrebleu"]["bleu"] if averaged else None
       row[f"{name}_tokenized_bleu"] = report["tokenized_bleu"]["bleu"] if report else None
+      row[f"{name}_lc_tok_bleu"] = (report.get("lc_tok_bleu") or {}).get("bleu") if report else None
       eval_sec += sum(r["total_sec"] for r in (report, averaged) if r)
     row["eval_sec"] = round(eval_sec, 1)
     rows.append(row)
