@@ -1,6 +1,7 @@
 """Reading parallel text, the vocabulary, and token-budget batching."""
 
 import gzip
+import importlib.util
 
 import numpy as np
 import pytest
@@ -18,6 +19,19 @@ def test_bundled_multi30k_is_complete():
   assert (len(train), len(val)) == (29000, 1014)
   assert train.source[0] == "Two young, White males are outside near many bushes."
   assert train.target[0] == "Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche."
+
+
+def test_the_english_french_config_reads_the_bundled_french_side():
+  spec = importlib.util.spec_from_file_location("enfr", "configs/multi30k_enfr.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  cfg = module.get_config()
+  english = base_config().data
+  assert (cfg.data.src_lang, cfg.data.tgt_lang) == ("en", "fr") and cfg.train.steps == 4800
+  for split, lines in (("train", 29000), ("validation", 1014)):
+    pair, de = sources.load_split(cfg.data, split), sources.load_split(english, split)
+    assert len(pair) == lines and pair.source == de.source  # aligned with the English side
+  assert pair.target[0] == "Un groupe d'hommes chargent du coton dans un camion"
 
 
 def test_unknown_split_names_the_test_sets():
