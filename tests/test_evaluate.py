@@ -67,8 +67,12 @@ def always_eos(model, params):
   return params
 
 
-@pytest.mark.parametrize("search", [dict(beam_size=3, nbest=3), dict(beam_size=1),
-                                    dict(search="sample", top_k=1)])
+# The slot loop forbids early EOS for every search alike, and greedy search's minimum lengths are
+# checked against the reference in test_long_outputs.py: greedy and sampling run here with -m slow.
+@pytest.mark.parametrize("search", [dict(beam_size=3, nbest=3),
+                                    pytest.param(dict(beam_size=1), marks=pytest.mark.slow),
+                                    pytest.param(dict(search="sample", top_k=1),
+                                                 marks=pytest.mark.slow)])
 def test_min_len_rules_out_the_empty_translation_and_yields_to_the_length_limit(vocab, search):
   model = Transformer(tiny_model_config(vocab_size=300))
   params = always_eos(model, init_params(model))
