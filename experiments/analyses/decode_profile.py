@@ -14,14 +14,13 @@ alone).
 
 from __future__ import annotations
 
-import collections
 import time
 
 import jax
 from absl import flags
 from ml_collections import config_flags
 
-from experiments.analyses.op_trace import concurrency, op_times, traced_ops
+from experiments.analyses.op_trace import concurrency, op_times, print_breakdown, traced_ops
 from transformer import translator
 from transformer.benchmark import synthetic_workload
 from transformer.cli import run_program
@@ -71,20 +70,10 @@ def main(argv: list[str]) -> None:
   hlo = "\n".join(compiled.as_text() for compiled in cache.values())
   ops = traced_ops(decode, hlo)
   per_op = op_times(ops, 1)
-  total = sum(per_op.values())
   running = concurrency(ops)
   print("wall time with n ops running: " + ", ".join(
       f"{n}: {s:.2f} s ({s / sum(running.values()):.0%})" for n, s in running.items()))
-  by_part: collections.Counter = collections.Counter()
-  for op, ms in per_op.items():
-    by_part[part(op)] += ms
-  print(f"\nop time {total:.0f} ms (summed over threads)\n")
-  print("| part of the search | op time | share |\n|---|---|---|")
-  for name, ms in by_part.most_common():
-    print(f"| {name} | {ms:.0f} ms | {ms / total:.0%} |")
-  print(f"\nThe {FLAGS.top} single operations with the most time:")
-  for op, ms in per_op.most_common(FLAGS.top):
-    print(f"  {ms:7.1f} ms  {op[:150]}")
+  print_breakdown(per_op, part, "search", FLAGS.top)
 
 
 if __name__ == "__main__":

@@ -57,3 +57,20 @@ def concurrency(ops: list[dict]) -> dict[int, float]:
     seconds[running] += (t - last) / 1e6
     running, last = running + change, t
   return dict(sorted(seconds.items()))
+
+
+def print_breakdown(per_op: collections.Counter, part_of: Callable[[str], str], whole: str,
+                    top: int) -> None:
+  """The op time summed by `part_of(op)` as a markdown table (share of the total), then the `top`
+  single ops with the most time; `whole` names what was traced ('step', 'search')."""
+  total = sum(per_op.values())
+  by_part: collections.Counter = collections.Counter()
+  for op, ms in per_op.items():
+    by_part[part_of(op)] += ms
+  print(f"\nop time {total:.0f} ms per {whole} (summed over threads)\n")
+  print(f"| part of the {whole} | op time | share |\n|---|---|---|")
+  for name, ms in by_part.most_common():
+    print(f"| {name} | {ms:.0f} ms | {ms / total:.0%} |")
+  print(f"\nThe {top} single operations with the most time:")
+  for op, ms in per_op.most_common(top):
+    print(f"  {ms:7.1f} ms  {op[:150]}")

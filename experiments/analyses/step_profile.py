@@ -22,7 +22,6 @@ change worth a few percent is below what separate processes on a shared VM can r
 from __future__ import annotations
 
 import ast
-import collections
 import copy
 import dataclasses
 import resource
@@ -34,7 +33,7 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from experiments.analyses.op_trace import op_times, traced_ops
+from experiments.analyses.op_trace import op_times, print_breakdown, traced_ops
 from transformer import partitioning
 from transformer.cli import run_program
 from transformer.config import validate
@@ -164,18 +163,7 @@ def main(argv: list[str]) -> None:
       state, sums = fns.step(state, batch, rng)
     jax.block_until_ready(sums)
 
-  per_op = op_times(traced_ops(three_steps, hlo), 3)
-  total = sum(per_op.values())
-  by_category: collections.Counter = collections.Counter()
-  for op, ms in per_op.items():
-    by_category[category(op)] += ms
-  print(f"\nop time {total:.0f} ms per step (summed over threads)\n")
-  print("| part of the step | op time per step | share |\n|---|---|---|")
-  for name, ms in by_category.most_common():
-    print(f"| {name} | {ms:.0f} ms | {ms / total:.0%} |")
-  print(f"\nThe {FLAGS.top} single operations with the most time:")
-  for op, ms in per_op.most_common(FLAGS.top):
-    print(f"  {ms:6.1f} ms  {op[:140]}")
+  print_breakdown(op_times(traced_ops(three_steps, hlo), 3), category, "step", FLAGS.top)
 
 
 if __name__ == "__main__":
