@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sacrebleu.metrics import BLEU, CHRF
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
@@ -77,16 +77,21 @@ def paper_tokenize(sentence: str, lang: str) -> str:
 
 def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> dict:
   """The paper's BLEU: cased corpus BLEU (multi-bleu.perl) on Moses-tokenized, compound-split text."""
+  return {**multi_bleu(hypotheses, references, lambda text: paper_tokenize(text, lang)),
+          "case": "cased", "tokenizer": f"unicode punctuation + moses({lang}) + compound "
+                                        "splitting (##AT##-##AT##), as t2t's get_ende_bleu.sh"}
+
+
+def multi_bleu(hypotheses: Sequence[str], references: Sequence[str],
+               tokenize: Callable[[str], str]) -> dict:
+  """multi-bleu.perl's corpus BLEU (no smoothing, as is) on whitespace tokens of `tokenize(line)`."""
   if len(hypotheses) != len(references):
     raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-  hyp = [paper_tokenize(h, lang) for h in hypotheses]
-  ref = [paper_tokenize(r, lang) for r in references]
+  hyp, ref = [tokenize(h) for h in hypotheses], [tokenize(r) for r in references]
   result = BLEU(tokenize="none", lowercase=False, smooth_method="none",
                 force=True).corpus_score(hyp, [ref])
   return {"bleu": result.score, "precisions": result.precisions, "brevity_penalty": result.bp,
           "hyp_len": result.sys_len, "ref_len": result.ref_len, "lines": len(references),
-          "case": "cased", "tokenizer": f"unicode punctuation + moses({lang}) + compound "
-                                        "splitting (##AT##-##AT##), as t2t's get_ende_bleu.sh",
           "smoothing": "none (multi-bleu.perl)"}
 
 
@@ -108,14 +113,6 @@ def multi30k_tokenize(sentence: str, lang: str) -> str:
 def lc_tok_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> dict:
   """The Multi30k literature's BLEU: multi-bleu.perl on both sides as `multi30k_tokenize` leaves
   them (the release's `*.lc.norm.tok.*` references, hypotheses treated alike)."""
-  if len(hypotheses) != len(references):
-    raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-  hyp = [multi30k_tokenize(h, lang) for h in hypotheses]
-  ref = [multi30k_tokenize(r, lang) for r in references]
-  result = BLEU(tokenize="none", lowercase=False, smooth_method="none",
-                force=True).corpus_score(hyp, [ref])
-  return {"bleu": result.score, "precisions": result.precisions, "brevity_penalty": result.bp,
-          "hyp_len": result.sys_len, "ref_len": result.ref_len, "lines": len(references),
+  return {**multi_bleu(hypotheses, references, lambda text: multi30k_tokenize(text, lang)),
           "case": "lowercased", "tokenizer": f"Multi30k's lc.norm.tok (lowercase, moses "
-                                             f"normalize-punctuation and tokenizer, {lang})",
-          "smoothing": "none (multi-bleu.perl)"}
+                                             f"normalize-punctuation and tokenizer, {lang})"}
