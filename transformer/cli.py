@@ -138,10 +138,8 @@ def search_overrides() -> dict:
   """The search flags that were given, as SearchSettings fields (None where not given)."""
   f = flags.FLAGS
   names = ["search", "beam_size", "alpha", "max_extra_len", "min_len", "nbest", "temperature",
-           "top_k", "top_p", "seed", "tokens_per_batch"]
+           "top_k", "top_p", "seed", "tokens_per_batch", "matmul_dtype"]
   overrides = {name: f[name].value for name in names if name in f}
-  if "matmul_dtype" in f:
-    overrides["matmul_dtype"] = f.matmul_dtype
   if "sample" in f and f.sample:
     deprecated("--sample", "--search=sample")
     overrides["search"] = "sample"
