@@ -15,7 +15,7 @@ from transformer import decoding, translator
 from transformer.config import ConfigError, base_config
 from transformer.data import sources
 from transformer.data import vocab as vocab_lib
-from transformer.evaluate import evaluate
+from transformer.evaluate import evaluate, test_set_name
 from transformer.metrics import read_metrics
 from transformer.model import EOS_ID, PAD_ID, Transformer
 from transformer.runs import load_run
@@ -287,3 +287,9 @@ def test_programs_keep_compiled_searches_in_the_persistent_cache(trained, tmp_pa
   assert second.returncode == 0 and sorted(p.name for p in cache.iterdir()) == stored
   off = run_cli(*args, "--compilation_cache=")
   assert off.returncode == 0, off.stderr[-3000:]
+
+
+def test_a_test_file_is_named_without_its_language_and_compression():
+  assert test_set_name(None, "x/long.en") == "long"
+  assert test_set_name(None, "data/test_2016_flickr.en.gz") == "test_2016_flickr"
+  assert test_set_name("validation", None) == "validation"

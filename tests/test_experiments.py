@@ -406,3 +406,47 @@ def test_a_clock_scale_that_is_not_positive_is_one_clear_error(tmp_path):
                         "--clock_scale=0"], cwd=REPO, capture_output=True, text=True, check=False)
   assert out.returncode != 0
   assert "--clock_scale must be positive (a ratio of two machines' times), got 0" in out.stderr
+
+
+def test_the_test_set_table_needs_every_file_and_says_where_each_missing_one_is(tmp_path):
+  from experiments.recipes.multi30k_test_sets import test_files
+  for name in ("test_2016_flickr", "test_2017_flickr"):
+    for lang in ("en", "fr"):
+      (tmp_path / f"{name}.{lang}.gz").write_bytes(b"")
+  (tmp_path / "test_2017_mscoco.en").write_text("a\n")  # plain text is accepted too
+  with pytest.raises(ConfigError) as error:
+    test_files(tmp_path, "en", "fr")
+  assert "1 test file(s) missing in" in str(error.value)
+  assert "data/task1/raw/test_2017_mscoco.fr.gz" in str(error.value)
+  (tmp_path / "test_2017_mscoco.fr.gz").write_bytes(b"")
+  found = test_files(tmp_path, "en", "fr")
+  assert list(found) == ["test_2016_flickr", "test_2017_flickr", "test_2017_mscoco"]
+  assert found["test_2017_mscoco"] == (tmp_path / "test_2017_mscoco.en", tmp_path / "test_2017_mscoco.fr.gz")
+
+
+def test_the_test_set_table_averages_the_seeds_and_puts_the_literature_beside_the_test_sets():
+  from experiments.recipes.multi30k_test_sets import LITERATURE, table
+  results = {"validation": [{"lc_tok": 40.0, "sacrebleu": 39.0, "bp": 0.95},
+                            {"lc_tok": 41.0, "sacrebleu": 40.0, "bp": 0.97}],
+             "test_2017_flickr": [{"lc_tok": 33.0, "sacrebleu": 32.0, "bp": 0.9},
+                                  {"lc_tok": 34.5, "sacrebleu": 33.0, "bp": 1.0}]}
+  text = table("en-de", ["seed 0", "seed 1"], results)
+  rows = [line for line in text.splitlines() if line.startswith("| validation") or line.startswith("| test")]
+  assert rows[0] == "| validation | 40.00 | 41.00 | **40.50** | 39.50 | 0.960 | – | – |"
+  text_only, best = LITERATURE["en-de"][0][2][1], LITERATURE["en-de"][1][2][1]
+  assert rows[1] == f"| test_2017_flickr | 33.00 | 34.50 | **33.75** | 32.50 | 0.950 | {text_only:.2f} | {best:.2f} |"
+
+
+def test_the_full_length_table3_runs_rows_c_and_d_and_the_unsettled_variants_for_the_whole_default():
+  default = load_config(REPO / "configs/multi30k.py")
+  grid = load_grid(str(REPO / "experiments/recipes/table3_multi30k_full.py"))
+  quarter = {v.name: v for v in load_grid(str(REPO / "experiments/recipes/table3_multi30k.py")).variants}
+  names = [v.name for v in grid.variants]
+  assert names[0] == "base" and names[-4:] == ["A-h2", "A-h8", "A-h16", "B-dk32"]
+  assert {n for n in names if quarter[n].row in ("(C)", "(D)")} == {
+      n for n, v in quarter.items() if v.row in ("(C)", "(D)")}
+  for variant in grid.variants:
+    cfg = variant_config(default, variant, 0)
+    assert cfg.train.steps == default.train.steps == 4800
+    assert variant_config(default, quarter[variant.name], 0).to_dict() == {
+        **cfg.to_dict(), "train": {**cfg.train.to_dict(), "steps": 1200}}  # only the length differs

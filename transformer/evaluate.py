@@ -35,8 +35,12 @@ FLAGS = flags.FLAGS
 
 
 def test_set_name(split: str | None, source_file: str | None) -> str:
-  """What reports call an evaluation set: the file's stem ('long' for long.en), else the split."""
-  return Path(source_file).stem if source_file else split
+  """What reports call an evaluation set: the file's name without its language and compression
+  ('long' for long.en, 'test_2016_flickr' for test_2016_flickr.en.gz), else the split."""
+  if not source_file:
+    return split
+  path = Path(source_file)
+  return Path(path.stem).stem if path.suffix == ".gz" else path.stem
 
 
 def report_path(workdir: str | Path, test_set: str, step: int, averaged: int = 1,

@@ -1,0 +1,142 @@
+"""Multi30k's official test sets, scored once per run, beside the literature's numbers.
+
+    python -m experiments.recipes.multi30k_test_sets RUN [RUN ...] --test_dir=DIR \
+        [--output_dir=experiments/results/multi30k_test_sets] [--alpha=A]
+
+The runs are seeds of one recipe and one language pair (their configs say which). Each is scored
+with transformer-eval's search (the moving average of its last checkpoint, as the README's figures)
+on its validation split and on test_2016_flickr, test_2017_flickr and test_2017_mscoco: sacreBLEU and
+the literature's lowercased, normalised, Moses-tokenised BLEU (bleu.lc_tok_bleu, multi-bleu.perl on
+the release's lc.norm.tok convention). Writes --output_dir/<src>-<tgt>/results.md: each seed, the mean,
+and the published numbers beside them (LITERATURE, with their sources).
+
+The test sets are not bundled (the project ships the training and validation data only) and nothing
+here downloads at run time; with a network, fetch them once into DIR:
+
+    for f in test_2016_flickr test_2017_flickr test_2017_mscoco; do for l in en de fr; do
+      curl -LO https://github.com/multi30k/dataset/raw/master/data/task1/raw/$f.$l.gz; done; done
+
+Choose recipes on validation; this table is for the choice already made.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from absl import flags
+
+from transformer import evaluate as evaluate_lib
+from transformer.cli import run_program
+from transformer.config import ConfigError
+from transformer.data import sources
+from transformer.experiments import records
+from transformer.runs import load_runs
+
+TEST_SETS = tuple(sources.MULTI30K_TEST_URLS)  # test_2016_flickr, test_2017_flickr, test_2017_mscoco
+LITERATURE = {  # direction -> [(system, source, (test2016, test2017, mscoco) lc-tok BLEU)]
+    "en-de": [
+        ("Transformer-Tiny, text only", "Wu et al., 2021, ACL, 'Good for Misconceived Reasons' "
+         "(41.02: github.com/LividWo/Revisit-MMT, README-baseline.md)", (41.0, 33.4, 29.9)),
+        ("best image-free system (synthetic images)", "Guo et al., 2023, EMNLP, 'Bridging the Gap "
+         "between Synthetic and Authentic Images for Multimodal Machine Translation'",
+         (42.50, 36.04, 31.95)),
+    ],
+    "en-fr": [
+        ("best image-free system (synthetic images)", "Guo et al., 2023, EMNLP (as above)",
+         (63.71, 56.17, 46.43)),
+    ],
+}
+
+flags.DEFINE_string("test_dir", None, "Folder holding test_2016_flickr.en.gz, ... (raw release files; "
+                    ".gz or plain).")
+flags.DEFINE_string("output_dir", "experiments/results/multi30k_test_sets", "Where the table goes "
+                    "(a record folder per language pair).")
+flags.DEFINE_float("alpha", None, "Length-penalty alpha (default: each run's config).")
+FLAGS = flags.FLAGS
+
+
+def test_files(test_dir: str | Path, src: str, tgt: str) -> dict[str, tuple[Path, Path]]:
+  """(source, reference) file of each test set in `test_dir`; a clear error naming what is missing
+  and where to get it."""
+  found, missing = {}, []
+  for name in TEST_SETS:
+    pair = []
+    for lang in (src, tgt):
+      options = [Path(test_dir) / f"{name}.{lang}{suffix}" for suffix in (".gz", "")]
+      present = [p for p in options if p.is_file()]
+      if present:
+        pair.append(present[0])
+      else:
+        missing.append(sources.MULTI30K_TEST_URLS[name].format(lang=lang))
+    if len(pair) == 2:
+      found[name] = tuple(pair)
+  if missing:
+    raise ConfigError(f"{len(missing)} test file(s) missing in {test_dir}; download them there "
+                      "(curl -LO URL):\n  " + "\n  ".join(missing))
+  return found
+
+
+def scores(report: dict) -> dict[str, float]:
+  return {"sacrebleu": report["sacrebleu"]["bleu"], "lc_tok": report["lc_tok_bleu"]["bleu"],
+          "bp": report["lc_tok_bleu"]["brevity_penalty"]}
+
+
+def table(direction: str, seeds: Sequence[str], results: dict[str, list[dict[str, float]]]) -> str:
+  """Markdown: a row per evaluation set; each seed's lc-tok BLEU, their mean, the mean sacreBLEU and
+  brevity penalty, and the published lc-tok BLEU of LITERATURE[direction] on the test sets."""
+  published = LITERATURE.get(direction, [])
+  head = (["set"] + [f"lc-tok BLEU, {s}" for s in seeds] + ["**mean**", "sacreBLEU (mean)",
+          "brevity penalty (mean)"] + [system for system, _, _ in published])
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for name, per_seed in results.items():
+    mean = {key: statistics.mean(r[key] for r in per_seed) for key in ("lc_tok", "sacrebleu", "bp")}
+    test = TEST_SETS.index(name) if name in TEST_SETS else None
+    cells = ([name] + [f"{r['lc_tok']:.2f}" for r in per_seed] + [f"**{mean['lc_tok']:.2f}**",
+             f"{mean['sacrebleu']:.2f}", f"{mean['bp']:.3f}"] +
+             [f"{numbers[test]:.2f}" if test is not None else "–" for _, _, numbers in published])
+    lines.append("| " + " | ".join(cells) + " |")
+  lines += [""] + [f"- {system}: {source}." for system, source, _ in published]
+  return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> None:
+  workdirs = argv[1:]
+  if not workdirs or not FLAGS.test_dir:
+    raise ConfigError("usage: python -m experiments.recipes.multi30k_test_sets RUN [RUN ...] "
+                      "--test_dir=DIR")
+  start = time.time()
+  results: dict[str, list[dict[str, float]]] = {}
+  directions, seeds = set(), []
+  for workdir in workdirs:
+    loaded = load_runs([workdir], None, 1)
+    cfg = loaded[0].config
+    directions.add(f"{cfg.data.src_lang}-{cfg.data.tgt_lang}")
+    seeds.append(f"seed {cfg.seed}")
+    files = test_files(FLAGS.test_dir, cfg.data.src_lang, cfg.data.tgt_lang)
+    cache: dict = {}
+    search = {} if FLAGS.alpha is None else {"alpha": FLAGS.alpha}
+    sets = {cfg.data.eval_split: {}} | {name: {"source_file": str(s), "reference_file": str(t)}
+                                        for name, (s, t) in files.items()}
+    for name, where in sets.items():
+      report = evaluate_lib.evaluate(workdir, loaded=loaded, compiled_cache=cache, **where, **search)
+      results.setdefault(name, []).append(scores(report))
+      print(json.dumps({"workdir": workdir, "set": name, **scores(report)}), flush=True)
+  if len(directions) != 1:
+    raise ConfigError(f"the runs translate different directions ({', '.join(sorted(directions))}); "
+                      "pass the seeds of one recipe")
+  (direction,) = directions
+  folder = Path(FLAGS.output_dir) / direction
+  folder.mkdir(parents=True, exist_ok=True)
+  path = folder / "results.md"
+  path.write_text(table(direction, seeds, results))
+  print(path.read_text())
+  records.record([path], folder, f"Multi30k {direction}: validation and the official test sets, "
+                 "beside the literature", time.time() - start)
+
+
+if __name__ == "__main__":
+  run_program("experiments.recipes.multi30k_test_sets", main, takes_arguments=True)
