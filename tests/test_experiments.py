@@ -409,17 +409,17 @@ def test_a_clock_scale_that_is_not_positive_is_one_clear_error(tmp_path):
 
 
 def test_the_test_set_table_needs_every_file_and_says_where_each_missing_one_is(tmp_path):
-  from experiments.recipes.multi30k_test_sets import test_files
+  from experiments.recipes.multi30k_test_sets import find_test_files
   for name in ("test_2016_flickr", "test_2017_flickr"):
     for lang in ("en", "fr"):
       (tmp_path / f"{name}.{lang}.gz").write_bytes(b"")
   (tmp_path / "test_2017_mscoco.en").write_text("a\n")  # plain text is accepted too
   with pytest.raises(ConfigError) as error:
-    test_files(tmp_path, "en", "fr")
+    find_test_files(tmp_path, "en", "fr")
   assert "1 test file(s) missing in" in str(error.value)
   assert "data/task1/raw/test_2017_mscoco.fr.gz" in str(error.value)
   (tmp_path / "test_2017_mscoco.fr.gz").write_bytes(b"")
-  found = test_files(tmp_path, "en", "fr")
+  found = find_test_files(tmp_path, "en", "fr")
   assert list(found) == ["test_2016_flickr", "test_2017_flickr", "test_2017_mscoco"]
   assert found["test_2017_mscoco"] == (tmp_path / "test_2017_mscoco.en", tmp_path / "test_2017_mscoco.fr.gz")
 

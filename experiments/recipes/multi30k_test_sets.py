@@ -51,15 +51,10 @@ LITERATURE = {  # direction -> [(system, source, (test2016, test2017, mscoco) lc
     ],
 }
 
-flags.DEFINE_string("test_dir", None, "Folder holding test_2016_flickr.en.gz, ... (raw release files; "
-                    ".gz or plain).")
-flags.DEFINE_string("output_dir", "experiments/results/multi30k_test_sets", "Where the table goes "
-                    "(a record folder per language pair).")
-flags.DEFINE_float("alpha", None, "Length-penalty alpha (default: each run's config).")
 FLAGS = flags.FLAGS
 
 
-def test_files(test_dir: str | Path, src: str, tgt: str) -> dict[str, tuple[Path, Path]]:
+def find_test_files(test_dir: str | Path, src: str, tgt: str) -> dict[str, tuple[Path, Path]]:
   """(source, reference) file of each test set in `test_dir`; a clear error naming what is missing
   and where to get it."""
   found, missing = {}, []
@@ -116,7 +111,7 @@ def main(argv: list[str]) -> None:
     cfg = loaded[0].config
     directions.add(f"{cfg.data.src_lang}-{cfg.data.tgt_lang}")
     seeds.append(f"seed {cfg.seed}")
-    files = test_files(FLAGS.test_dir, cfg.data.src_lang, cfg.data.tgt_lang)
+    files = find_test_files(FLAGS.test_dir, cfg.data.src_lang, cfg.data.tgt_lang)
     cache: dict = {}
     search = {} if FLAGS.alpha is None else {"alpha": FLAGS.alpha}
     sets = {cfg.data.eval_split: {}} | {name: {"source_file": str(s), "reference_file": str(t)}
@@ -138,5 +133,16 @@ def main(argv: list[str]) -> None:
                  "beside the literature", time.time() - start)
 
 
+def define_flags() -> None:
+  """The program's flags, defined when it runs (not on import: other programs' modules, imported
+  beside this one by the tests, define flags of the same names)."""
+  flags.DEFINE_string("test_dir", None, "Folder holding test_2016_flickr.en.gz, ... (raw release "
+                      "files; .gz or plain).")
+  flags.DEFINE_string("output_dir", "experiments/results/multi30k_test_sets", "Where the table goes "
+                      "(a record folder per language pair).")
+  flags.DEFINE_float("alpha", None, "Length-penalty alpha (default: each run's config).")
+
+
 if __name__ == "__main__":
+  define_flags()
   run_program("experiments.recipes.multi30k_test_sets", main, takes_arguments=True)
