@@ -1,7 +1,7 @@
 """Multi30k's official test sets, scored once per run, beside the literature's numbers.
 
     python -m experiments.recipes.multi30k_test_sets RUN [RUN ...] --test_dir=DIR \
-        [--output_dir=experiments/results/multi30k_test_sets] [--alpha=A]
+        [--output_dir=experiments/results/multi30k_test_sets]
 
 The runs are seeds of one recipe and one language pair (their configs say which). Each is scored
 with transformer-eval's search (the moving average of its last checkpoint, as the README's figures)
@@ -26,6 +26,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from absl import flags
 
@@ -37,17 +38,19 @@ from transformer.experiments import records
 from transformer.runs import load_runs
 
 TEST_SETS = tuple(sources.MULTI30K_TEST_URLS)  # test_2016_flickr, test_2017_flickr, test_2017_mscoco
-LITERATURE = {  # direction -> [(system, source, (test2016, test2017, mscoco) lc-tok BLEU)]
+# direction -> [(system, source, lc-tok BLEU on test2016, test2017, mscoco as published: text)]
+LITERATURE = {
     "en-de": [
         ("Transformer-Tiny, text only", "Wu et al., 2021, ACL, 'Good for Misconceived Reasons' "
-         "(41.02: github.com/LividWo/Revisit-MMT, README-baseline.md)", (41.0, 33.4, 29.9)),
+         "(41.02 with its command in github.com/LividWo/Revisit-MMT, README-baseline.md; test2017 "
+         "and MSCOCO as commonly quoted, to one decimal, not checked here)", ("41.02", "33.4", "29.9")),
         ("best image-free system (synthetic images)", "Guo et al., 2023, EMNLP, 'Bridging the Gap "
          "between Synthetic and Authentic Images for Multimodal Machine Translation'",
-         (42.50, 36.04, 31.95)),
+         ("42.50", "36.04", "31.95")),
     ],
     "en-fr": [
         ("best image-free system (synthetic images)", "Guo et al., 2023, EMNLP (as above)",
-         (63.71, 56.17, 46.43)),
+         ("63.71", "56.17", "46.43")),
     ],
 }
 
@@ -75,6 +78,15 @@ def find_test_files(test_dir: str | Path, src: str, tgt: str) -> dict[str, tuple
   return found
 
 
+def one_direction(configs: Sequence[Any]) -> str:
+  """'src-tgt' of the runs' configs, which must all translate the same way (seeds of one recipe)."""
+  directions = sorted({f"{c.data.src_lang}-{c.data.tgt_lang}" for c in configs})
+  if len(directions) != 1:
+    raise ConfigError(f"the runs translate different directions ({', '.join(directions)}); pass "
+                      "the seeds of one recipe")
+  return directions[0]
+
+
 def scores(report: dict) -> dict[str, float]:
   return {"sacrebleu": report["sacrebleu"]["bleu"], "lc_tok": report["lc_tok_bleu"]["bleu"],
           "bp": report["lc_tok_bleu"]["brevity_penalty"]}
@@ -92,7 +104,7 @@ def table(direction: str, seeds: Sequence[str], results: dict[str, list[dict[str
     test = TEST_SETS.index(name) if name in TEST_SETS else None
     cells = ([name] + [f"{r['lc_tok']:.2f}" for r in per_seed] + [f"**{mean['lc_tok']:.2f}**",
              f"{mean['sacrebleu']:.2f}", f"{mean['bp']:.3f}"] +
-             [f"{numbers[test]:.2f}" if test is not None else "–" for _, _, numbers in published])
+             [numbers[test] if test is not None else "–" for _, _, numbers in published])
     lines.append("| " + " | ".join(cells) + " |")
   lines += [""] + [f"- {system}: {source}." for system, source, _ in published]
   return "\n".join(lines) + "\n"
@@ -104,26 +116,20 @@ def main(argv: list[str]) -> None:
     raise ConfigError("usage: python -m experiments.recipes.multi30k_test_sets RUN [RUN ...] "
                       "--test_dir=DIR")
   start = time.time()
+  runs = {workdir: load_runs([workdir], None, 1) for workdir in workdirs}
+  configs = [loaded[0].config for loaded in runs.values()]
+  direction, cfg = one_direction(configs), configs[0]
+  files = find_test_files(FLAGS.test_dir, cfg.data.src_lang, cfg.data.tgt_lang)
+  sets = {cfg.data.eval_split: {}} | {name: {"source_file": str(s), "reference_file": str(t)}
+                                      for name, (s, t) in files.items()}
   results: dict[str, list[dict[str, float]]] = {}
-  directions, seeds = set(), []
-  for workdir in workdirs:
-    loaded = load_runs([workdir], None, 1)
-    cfg = loaded[0].config
-    directions.add(f"{cfg.data.src_lang}-{cfg.data.tgt_lang}")
-    seeds.append(f"seed {cfg.seed}")
-    files = find_test_files(FLAGS.test_dir, cfg.data.src_lang, cfg.data.tgt_lang)
-    cache: dict = {}
-    search = {} if FLAGS.alpha is None else {"alpha": FLAGS.alpha}
-    sets = {cfg.data.eval_split: {}} | {name: {"source_file": str(s), "reference_file": str(t)}
-                                        for name, (s, t) in files.items()}
+  for workdir, loaded in runs.items():
+    cache: dict = {}  # per run: a compiled search belongs to one run's model
     for name, where in sets.items():
-      report = evaluate_lib.evaluate(workdir, loaded=loaded, compiled_cache=cache, **where, **search)
-      results.setdefault(name, []).append(scores(report))
-      print(json.dumps({"workdir": workdir, "set": name, **scores(report)}), flush=True)
-  if len(directions) != 1:
-    raise ConfigError(f"the runs translate different directions ({', '.join(sorted(directions))}); "
-                      "pass the seeds of one recipe")
-  (direction,) = directions
+      found = scores(evaluate_lib.evaluate(workdir, loaded=loaded, compiled_cache=cache, **where))
+      results.setdefault(name, []).append(found)
+      print(json.dumps({"workdir": workdir, "set": name, **found}), flush=True)
+  seeds = [f"seed {c.seed}" for c in configs]
   folder = Path(FLAGS.output_dir) / direction
   folder.mkdir(parents=True, exist_ok=True)
   path = folder / "results.md"
@@ -140,7 +146,6 @@ def define_flags() -> None:
                       "files; .gz or plain).")
   flags.DEFINE_string("output_dir", "experiments/results/multi30k_test_sets", "Where the table goes "
                       "(a record folder per language pair).")
-  flags.DEFINE_float("alpha", None, "Length-penalty alpha (default: each run's config).")
 
 
 if __name__ == "__main__":
