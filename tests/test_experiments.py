@@ -444,6 +444,7 @@ def test_the_full_length_table3_runs_rows_c_and_d_and_the_unsettled_variants_for
   quarter = {v.name: v for v in load_grid(str(REPO / "experiments/recipes/table3_multi30k.py")).variants}
   names = [v.name for v in grid.variants]
   assert names[0] == "base" and names[-4:] == ["A-h2", "A-h8", "A-h16", "B-dk32"]
+  assert [quarter[n].row for n in names[1:5]] == ["(D)"] * 4  # the recipe question first
   assert {n for n in names if quarter[n].row in ("(C)", "(D)")} == {
       n for n, v in quarter.items() if v.row in ("(C)", "(D)")}
   for variant in grid.variants:

@@ -8,7 +8,7 @@ two seeds could not settle at a quarter of it.
 The variants of experiments/recipes/table3_multi30k.py (the paper's changes relative to its base,
 applied to configs/multi30k.py), trained for the default's 4,800 steps instead of 1,200: every run
 is one whole default-length run (~22-40 minutes of the 2-core VM alone; d_model 512 and 4 layers cost
-~2x and ~1.25x), 32 runs in all. (C) and (D) come first, then the unsettled (A)/(B) variants. The
+~2x and ~1.25x), 32 runs in all. (D) comes first, then (C), then the unsettled (A)/(B) variants. The
 base is configs/multi30k.py itself: the README's two default runs can be copied in as base/seed0 and
 base/seed1 (same config, same seeds). The grid resumes where it stopped: run it across sessions,
 never beside a timing measurement. The quarter-length table stays in
@@ -35,6 +35,8 @@ def _quarter_grid() -> Grid:
 def get_grid():
   variants = _quarter_grid().variants
   full = lambda v: Variant(v.name, {**v.overrides, "train.steps": STEPS}, v.row)
-  rows_c_d = [v for v in variants if v.row in ("(C)", "(D)")]
+  # (D) first: its dropout-free variant led by 1.7 BLEU at a quarter length, so it also answers
+  # which regularisation the default recipe wants; the runner goes seed by seed in this order.
+  rows_d_c = [v for row in ("(D)", "(C)") for v in variants if v.row == row]
   unsettled_a_b = [v for v in variants if v.row in ("(A)", "(B)") and v.name in UNSETTLED]
-  return Grid("table3_multi30k_full", [full(v) for v in [variants[0], *rows_c_d, *unsettled_a_b]])
+  return Grid("table3_multi30k_full", [full(v) for v in [variants[0], *rows_d_c, *unsettled_a_b]])
