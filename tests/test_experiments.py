@@ -18,7 +18,7 @@ from transformer.config import ConfigError, base_config
 from transformer.data import sources
 from transformer.experiments import records, results, significance, test_sets
 from transformer.experiments.grids import Grid, Variant, load_grid
-from transformer.experiments.run import base_arguments, plan, variant_config
+from transformer.experiments.run import base_arguments, plan, selected, variant_config
 
 
 def load_config(path):
@@ -132,6 +132,18 @@ def test_commands_carry_the_base_overrides_variant_and_seed(tmp_path):
                                    [*learned.evals["dev"].command, "--min_len=1"])
   assert shortest.evals["long"].command == [*learned.evals["long"].command, "--min_len=1"]
 
+
+
+def test_only_runs_the_named_variants_and_the_first_row_they_are_compared_with(tmp_path):
+  grid = load_grid("table3")
+  runs = plan(grid, base_config(), [], [0, 1, 2], tmp_path, {})
+  chosen = selected(runs, grid, ["A-h4", "C-N2"])
+  assert [(r.variant.name, r.seed) for r in chosen] == [
+      (name, seed) for seed in (0, 1, 2) for name in ("base", "A-h4", "C-N2")]
+  assert selected(runs, grid, None) == runs
+  with pytest.raises(ConfigError, match=r"--only: no variant A-h3, D-x in grid table3; its "
+                                        r"variants are base, A-h1, "):
+    selected(runs, grid, ["A-h3", "A-h4", "D-x"])
 
 
 def test_record_copies_what_exists_into_the_results_folder(tmp_path):

@@ -15,7 +15,9 @@ for a cluster scheduler; once they have finished, the same command without it co
 Output in ROOT: results.csv (one row per run), results.md (the paper's Table 3 layout, mean ± std over
 seeds), curves.png, bleu.png and commands.sh (every run's command line); `--record=DIR` copies them
 (and the extra test sets' descriptions) to DIR, e.g. experiments/results/<name>/.
-`--base.KEY=VALUE` overrides the base config for every variant. `--min_len=N` scores the same
+`--base.KEY=VALUE` overrides the base config for every variant; `--only=A,B` runs those variants
+(and the first row) only, e.g. a third seed where two disagree (`--seeds=3 --only=A-h8`).
+`--min_len=N` scores the same
 checkpoints with a minimum output length (reports `_min<N>`, tables in ROOT/min_len<N>/).
 """
 
@@ -125,6 +127,20 @@ def plan(grid: Grid, base: ml_collections.ConfigDict, base_args: list[str], seed
   return runs
 
 
+def selected(runs: list[Run], grid: Grid, names: list[str] | None) -> list[Run]:
+  """The runs of the variants `names` (None: all) and always of the grid's first row, whose same
+  seed every 'Δ vs' pairs with: e.g. a third seed for the variants two seeds left unsettled."""
+  if not names:
+    return runs
+  known = [v.name for v in grid.variants]
+  unknown = [n for n in names if n not in known]
+  if unknown:
+    raise ConfigError(f"--only: no variant {', '.join(unknown)} in grid {grid.name}; its variants "
+                      f"are {', '.join(known)}")
+  wanted = {known[0], *names}
+  return [run for run in runs if run.variant.name in wanted]
+
+
 # The console scripts the printed commands use, and the modules this Python runs for them (the same
 # programs, without depending on where pip put the scripts).
 PROGRAMS = {"transformer-train": "transformer.train", "transformer-eval": "transformer.evaluate"}
@@ -210,13 +226,17 @@ def main(argv: list[str]) -> None:
   files = {name: test_sets.build(name, base, seeds[0], root / "test_sets")
            for name in grid.test_sets}
   runs = plan(grid, base, base_arguments(sys.argv), seeds, root, files, FLAGS.min_len)
+  to_run = selected(runs, grid, FLAGS.only)
   tables = root if FLAGS.min_len is None else root / f"min_len{FLAGS.min_len}"
   if FLAGS.print_commands:
-    print("\n".join(command_lines(runs)))
+    print("\n".join(command_lines(to_run)))
     return
   log.info("Experiment %s: %d variants x %d seeds = %d runs in %s", grid.name, len(grid.variants),
            len(seeds), len(runs), root)
-  failures = [] if FLAGS.collect_only else run_all(runs)
+  if FLAGS.only:
+    log.info("--only: running %d of them (%s and the first row); the tables show every run found",
+             len(to_run), ", ".join(FLAGS.only))
+  failures = [] if FLAGS.collect_only else run_all(to_run)
   table = results.collect(runs)
   references = {"dev": sources.load_split(base.data, base.data.eval_split).target}
   references.update({name: sources.read_lines(f["reference_file"]) for name, f in files.items()})
@@ -246,6 +266,9 @@ def run() -> None:
   flags.DEFINE_bool("print_commands", False, "Print one shell line per run (train, then evaluate) "
                     "for a scheduler, and exit.")
   flags.DEFINE_bool("collect_only", False, "Only tabulate and plot the runs found in the folder.")
+  flags.DEFINE_list("only", None, "Train and evaluate only these variants (and the first row, "
+                    "which 'Δ vs' pairs with), e.g. --seeds=3 --only=A-h8 for a third seed where "
+                    "two disagree; the tables still show every run of the grid found.")
   flags.DEFINE_integer("min_len", None, "Evaluate with transformer-eval --min_len=N (at least N "
                        "tokens per translation; 1 rules out the empty one) instead of the config's "
                        "search; the tables go to ROOT/min_len<N>/, beside the default search's.")
