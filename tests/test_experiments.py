@@ -472,3 +472,25 @@ def test_the_test_set_table_takes_the_seeds_of_one_language_pair_only():
   assert one_direction([ende, ende]) == "en-de"
   with pytest.raises(ConfigError, match=r"different directions \(en-de, en-fr\); pass the seeds of one recipe"):
     one_direction([ende, enfr])
+
+
+def test_the_length_comparison_calls_a_conclusion_only_when_every_seed_signs_it(tmp_path):
+  from experiments.analyses.table3_lengths import compare, read_table, verdict
+  header = "variant,seed,dev_delta,dev_p\n"
+  short, long = tmp_path / "short.csv", tmp_path / "long.csv"
+  short.write_text(header + "base,0,,\nbase,1,,\nX,0,1.0,0.01\nX,1,0.5,0.02\nY,0,-1.0,0.2\n"
+                   "Y,1,-2.0,0.001\nZ,0,0.3,0.01\nZ,1,,\n")
+  long.write_text(header + "base,0,,\nbase,1,,\nX,0,0.4,0.01\nX,1,-0.2,0.3\nY,0,-1.5,0.001\n"
+                  "Y,1,-0.5,0.04\nZ,0,1.0,0.001\nZ,1,2.0,0.001\nW,0,1.0,0.001\nW,1,1.0,0.001\n")
+  assert verdict([(1.0, 0.01), (0.5, 0.049)]) == "better"
+  assert verdict([(1.0, 0.01), (0.5, 0.05)]) == "unsettled"  # p must be below 0.05
+  assert verdict([(-1.0, 0.01), (-0.5, 0.001)]) == "worse"
+  assert verdict([(1.0, 0.01), (None, None)]) == "too few seeds"
+  lines, changed, disagree = compare(read_table(short), read_table(long))
+  assert lines[2:] == ["| X | +0.75 ± 0.35 | 0.010 / 0.020 | better | +0.10 ± 0.42 | 0.010 / 0.300 "
+                       "| unsettled |",
+                       "| Y | -1.50 ± 0.71 | 0.200 / 0.001 | unsettled | -1.00 ± 0.71 | 0.001 / 0.040 "
+                       "| worse |",
+                       "| Z | +0.30 | 0.010 | too few seeds | +1.50 ± 0.71 | 0.001 / 0.001 | better |"]
+  assert changed == ["X: better -> unsettled", "Y: unsettled -> worse"]  # W: not in the short table
+  assert disagree == ["X"]

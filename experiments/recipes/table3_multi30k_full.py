@@ -13,6 +13,8 @@ base is configs/multi30k.py itself: the README's two default runs can be copied 
 base/seed1 (same config, same seeds). The grid resumes where it stopped: run it across sessions,
 never beside a timing measurement. The quarter-length table stays in
 experiments/results/table3_multi30k/ as the cheap version.
+`python -m experiments.analyses.table3_lengths` compares the two (which conclusions changed, which
+variants need a third seed: `--seeds=3 --only=NAMES`).
 """
 
 import importlib.util
