@@ -13,7 +13,14 @@ EOS), so both do the same number of decoder steps whatever the untrained weights
   each decoded to its reference's length.
 CTranslate2 takes one length per call, so its sentences go in one call per output length, batched by
 `--ct2_batch_tokens` (its best on this machine: 8,192). Ours go through translator.search_ids as
-transformer-eval runs them. Engines alternate `--repeats` times; compile and load times are left out.
+transformer-eval runs them. Both fixed-length workloads favour one engine: the synthetic one hands
+CTranslate2 batches of one source length and one output length (no padding, no sentence finishing
+early), the validation one costs it dozens of small calls.
+- `--workload=trained --workdir=RUN`: what a deployment does. A trained run's checkpoint (its moving
+  average), exported with transformer-export, translates the run's validation sentences text to
+  text, each engine batching its own way and stopping at EOS, with no length penalty (where the two
+  searches find the same hypotheses: tests/test_export.py); rates are sentences/s, and the share of
+  identical translations is printed. Engines alternate `--repeats` times; compile and load times are left out.
 Ours runs with float32 and with bf16 weight matrices (decode.matmul_dtype; `--matmul_dtypes`), as
 CTranslate2 with float32 and int8 weights (`--compute_types`). Prints a markdown table (target
 tokens/s, each engine's ratio to ours in float32) and writes the figures as JSON.
@@ -38,14 +45,20 @@ from ml_collections import config_flags
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from transformer import export, translator  # noqa: E402
 from transformer.benchmark import decode_workload, synthetic_workload  # noqa: E402
+from transformer.data import sources  # noqa: E402
 from transformer.model import ModelConfig, Transformer, initial_params  # noqa: E402
+from transformer.runs import load_run  # noqa: E402
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "The model and data to use.")
-flags.DEFINE_enum("workload", "synthetic", ["synthetic", "validation"], "What to decode.")
+flags.DEFINE_enum("workload", "synthetic", ["synthetic", "validation", "trained"],
+                  "What to decode.")
+flags.DEFINE_string("workdir", None, "--workload=trained: the training run to translate with.")
 flags.DEFINE_integer("repeats", 2, "Runs of each engine, alternating.")
 flags.DEFINE_integer("threads", 2, "CTranslate2's intra_threads (ours: XLA's, all cores).")
 flags.DEFINE_integer("ct2_batch_tokens", 8192, "CTranslate2's max_batch_size in tokens.")
+flags.DEFINE_integer("tokens_per_batch", None, "Ours: source tokens per batch (default: the "
+                     "config's decode.tokens_per_batch).")
 flags.DEFINE_list("compute_types", ["float32", "int8"], "CTranslate2 compute types to time.")
 flags.DEFINE_list("beams", ["4", "1"], "Beam sizes (1 = greedy).")
 flags.DEFINE_list("matmul_dtypes", ["float32", "bfloat16"], "Our decode.matmul_dtype values to "
@@ -55,7 +68,8 @@ flags.DEFINE_string("output", None, "Write the figures as JSON here too.")
 
 def ours(model, params, src, lengths, beam, max_len, matmul_dtype):
   settings = translator.SearchSettings.from_config(FLAGS.config, beam_size=beam,
-                                                   matmul_dtype=matmul_dtype)
+                                                   matmul_dtype=matmul_dtype,
+                                                   tokens_per_batch=FLAGS.tokens_per_batch)
   cache = {}
   translator.search_ids(model, params, src, settings, max_len, cache, lengths)  # compiles
   t = time.perf_counter()
@@ -78,17 +92,17 @@ def theirs(directory, compute_type, pieces, lengths, beam):
   options = dict(beam_size=beam, max_batch_size=FLAGS.ct2_batch_tokens, batch_type="tokens")
   engine.translate_batch(pieces[:8], min_decoding_length=4, max_decoding_length=4, **options)
   t = time.perf_counter()
-  for n, sources in groups.items():
+  for n, batch in groups.items():
     # n decoder steps, as ours takes for n tokens with EOS forced at the last
-    out = engine.translate_batch(sources, min_decoding_length=n, max_decoding_length=n, **options)
+    out = engine.translate_batch(batch, min_decoding_length=n, max_decoding_length=n, **options)
   seconds = time.perf_counter() - t
   assert len(out[0].hypotheses[0]) == n, "CTranslate2 did not decode to the length asked"
   del engine
   return seconds
 
 
-def main(argv):
-  import ctranslate2
+def fixed_length_seconds(directory: str) -> tuple[dict, dict]:
+  """The synthetic or validation workload: every sentence to a fixed length, untrained weights."""
   cfg = FLAGS.config
   config = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
   model = Transformer(config)
@@ -99,38 +113,111 @@ def main(argv):
     src, lengths, origin = decode_workload(cfg, config.vocab_size, -1, 16)
   pieces = [[f"w{t}" for t in s[:-1]] for s in src]  # no EOS: CTranslate2 appends it
   vocabulary = ["<pad>", "</s>", "<s>", "<unk>"] + [f"w{i}" for i in range(4, config.vocab_size)]
-  tokens = sum(lengths)
+  Path(directory).mkdir()
+  export.ctranslate2_spec(config, params, vocabulary, max(lengths) + 1).save(directory)
+  seconds = collections.defaultdict(list)
+  for _ in range(FLAGS.repeats):
+    for beam in map(int, FLAGS.beams):
+      for dtype in FLAGS.matmul_dtypes:
+        seconds[(engine_name(dtype), beam)].append(
+            ours(model, params, src, lengths, beam, cfg.data.max_len, dtype))
+      for ct in FLAGS.compute_types:
+        time.sleep(1)  # the last engine's idle threads stop spinning
+        seconds[(f"ctranslate2 {ct}", beam)].append(theirs(directory, ct, pieces, lengths, beam))
+  work = {"workload": origin, "sentences": len(src), "target_tokens": sum(lengths),
+          "layers": config.num_layers, "d_model": config.d_model}
+  return seconds, work
+
+
+def ours_text(run, sentences: list[str], beam: int, dtype: str, cache: dict
+              ) -> tuple[float, list[str]]:
+  """Seconds to translate `sentences` (compiled beforehand) and the translations."""
+  settings = translator.SearchSettings.from_config(run.config, beam_size=beam, alpha=0.0,
+                                                   matmul_dtype=dtype,
+                                                   tokens_per_batch=FLAGS.tokens_per_batch)
+  args = (run.model, run.params(True), run.vocab, sentences, settings, run.config.data.max_len,
+          cache)
+  if not cache:
+    translator.translate(*args)  # compiles
+  t = time.perf_counter()
+  hypotheses = translator.translate(*args).hypotheses
+  return time.perf_counter() - t, hypotheses
+
+
+def theirs_text(directory: str, compute_type: str, vocab, sentences: list[str], beam: int,
+                longest: int) -> tuple[float, list[str]]:
+  """The same for CTranslate2, tokenizing and detokenizing inside the timing as ours does."""
+  import ctranslate2
+  engine = ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
+                                  intra_threads=FLAGS.threads, inter_threads=1)
+  options = dict(beam_size=beam, length_penalty=0.0, max_decoding_length=longest,
+                 max_batch_size=FLAGS.ct2_batch_tokens, batch_type="tokens")
+  engine.translate_batch([vocab.encode(sentences[0], out_type=str)], **options)
+  t = time.perf_counter()
+  out = engine.translate_batch([vocab.encode(s, out_type=str) for s in sentences], **options)
+  hypotheses = [vocab.decode_pieces(r.hypotheses[0]) for r in out]
+  seconds = time.perf_counter() - t
+  del engine
+  return seconds, hypotheses
+
+
+def trained_seconds(directory: str) -> tuple[dict, dict]:
+  """A trained run's validation sentences, text to text, each engine stopping at EOS (alpha 0)."""
+  run = load_run(FLAGS.workdir)
+  export.export_ctranslate2(FLAGS.workdir, directory)
+  split = sources.load_split(run.config.data, run.config.data.eval_split)
+  sentences = list(split.source)
+  longest = run.config.data.max_len + run.config.decode.max_extra_len
+  seconds, texts, caches = collections.defaultdict(list), {}, collections.defaultdict(dict)
+  for _ in range(FLAGS.repeats):
+    for beam in map(int, FLAGS.beams):
+      for dtype in FLAGS.matmul_dtypes:
+        took, texts[engine_name(dtype), beam] = ours_text(run, sentences, beam, dtype,
+                                                          caches[beam, dtype])
+        seconds[engine_name(dtype), beam].append(took)
+      for ct in FLAGS.compute_types:
+        time.sleep(1)  # the last engine's idle threads stop spinning
+        took, texts[f"ctranslate2 {ct}", beam] = theirs_text(directory, ct, run.vocab, sentences,
+                                                             beam, longest)
+        seconds[f"ctranslate2 {ct}", beam].append(took)
+  reference = lambda beam: texts[engine_name(FLAGS.matmul_dtypes[0]), beam]
+  same = {f"{engine}, beam {beam}": float(np.mean([a == b for a, b in zip(hyps, reference(beam))]))
+          for (engine, beam), hyps in texts.items()}
+  print("translations identical to ours (" + FLAGS.matmul_dtypes[0] + "): "
+        + ", ".join(f"{k}: {v:.1%}" for k, v in same.items()))
+  work = {"workload": f"{split.name} sentences of {FLAGS.workdir}, text to text, EOS, alpha 0",
+          "sentences": len(sentences), "identical_to_ours": same,
+          "layers": run.model.config.num_layers, "d_model": run.model.config.d_model}
+  return seconds, work
+
+
+def main(argv):
+  import ctranslate2
+  if FLAGS.workload == "trained" and not FLAGS.workdir:
+    raise app.UsageError("--workload=trained needs --workdir=RUN (a training run's folder)")
   directory = tempfile.mkdtemp()
   try:
-    export.ctranslate2_spec(config, params, vocabulary, max(lengths) + 1).save(directory)
-    seconds = collections.defaultdict(list)
-    for _ in range(FLAGS.repeats):
-      for beam in map(int, FLAGS.beams):
-        for dtype in FLAGS.matmul_dtypes:
-          seconds[(engine_name(dtype), beam)].append(
-              ours(model, params, src, lengths, beam, cfg.data.max_len, dtype))
-        for ct in FLAGS.compute_types:
-          time.sleep(1)  # the last engine's idle threads stop spinning
-          seconds[(f"ctranslate2 {ct}", beam)].append(
-              theirs(directory, ct, pieces, lengths, beam))
+    measure = trained_seconds if FLAGS.workload == "trained" else fixed_length_seconds
+    seconds, work = measure(str(Path(directory) / "model"))
   finally:
     shutil.rmtree(directory)
+  unit, key, amount = (("sentences/s", "sentences_per_sec", work["sentences"])
+                       if FLAGS.workload == "trained" else
+                       ("target tokens/s", "target_tokens_per_sec", work["target_tokens"]))
   rows = []
   for beam in map(int, FLAGS.beams):
-    base = tokens / np.median(seconds[(engine_name(FLAGS.matmul_dtypes[0]), beam)])
+    base = amount / np.median(seconds[(engine_name(FLAGS.matmul_dtypes[0]), beam)])
     for (engine, b), runs in seconds.items():
       if b == beam:
-        rate = [tokens / s for s in runs]
-        rows.append({"engine": engine, "beam": beam, "target_tokens_per_sec": rate,
+        rate = [amount / s for s in runs]
+        rows.append({"engine": engine, "beam": beam, key: rate,
                      "ratio_to_ours": float(np.median(rate) / base)})
-  result = {"workload": origin, "sentences": len(src), "target_tokens": tokens,
-            "ctranslate2": ctranslate2.__version__, "jax": jax.__version__,
+  result = {**work, "ctranslate2": ctranslate2.__version__, "jax": jax.__version__,
             "threads": FLAGS.threads, "ct2_batch_tokens": FLAGS.ct2_batch_tokens,
-            "cpu_count": os.cpu_count(), "layers": config.num_layers, "d_model": config.d_model,
-            "rows": rows}
-  print("| engine | search | target tokens/s (runs) | ratio to ours |\n|---|---|---|---|")
+            "cpu_count": os.cpu_count(), "rows": rows}
+  print(f"| engine | search | {unit} (runs) | ratio to ours |\n|---|---|---|---|")
   for r in rows:
-    runs = " / ".join(f"{x:,.0f}" for x in r["target_tokens_per_sec"])
+    runs = " / ".join(f"{x:,.0f}" for x in r[key])
     search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
     print(f"| {r['engine']} | {search} | {runs} | {r['ratio_to_ours']:.2f} |")
   if FLAGS.output:
