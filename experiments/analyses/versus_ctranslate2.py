@@ -1,10 +1,18 @@
-"""Our beam search and greedy search beside CTranslate2's, same model, same weights, equal work.
+"""Our beam search and greedy search beside CTranslate2's, same model, same weights.
 
+    python experiments/analyses/versus_ctranslate2.py --workload=trained --workdir=RUN \
+        --repeats=5 --output=trained.json
     python experiments/analyses/versus_ctranslate2.py --config=configs/multi30k.py \
-        --config.model.num_layers=3 --workload=synthetic --repeats=2 --output=versus.json
+        --config.model.num_layers=3 --workload=synthetic --repeats=4 --output=synthetic.json
 
-The model of `--config` (untrained, seeded) is exported with transformer-export's converter, so both
-engines run the same layers and weights. Every sentence is decoded to a fixed length (ours: EOS
+`--workload=trained --workdir=RUN`: what a deployment does. A trained run's checkpoint (its moving
+average), exported with transformer-export, translates the run's validation sentences text to text
+(tokenizing included), each engine batching its own way and stopping at EOS, with no length penalty
+(where the two searches find the same hypotheses: tests/test_export.py); rates are sentences/s, and
+the share of identical translations is printed.
+
+The fixed-length workloads do equal work with the model of `--config` (untrained, seeded, exported
+with transformer-export's converter): every sentence is decoded to a fixed length (ours: EOS
 forbidden before it and forced there; CTranslate2: min_decoding_length = max_decoding_length = n, no
 EOS), so both do the same number of decoder steps whatever the untrained weights prefer:
 - `--workload=synthetic`: 1,000 sources of 8-24 random tokens, each decoded to its own length
@@ -12,18 +20,15 @@ EOS), so both do the same number of decoder steps whatever the untrained weights
 - `--workload=validation`: the config's validation sentences (Multi30k: 1,014, test2016's size),
   each decoded to its reference's length.
 CTranslate2 takes one length per call, so its sentences go in one call per output length, batched by
-`--ct2_batch_tokens` (its best on this machine: 8,192). Ours go through translator.search_ids as
-transformer-eval runs them. Both fixed-length workloads favour one engine: the synthetic one hands
-CTranslate2 batches of one source length and one output length (no padding, no sentence finishing
-early), the validation one costs it dozens of small calls.
-- `--workload=trained --workdir=RUN`: what a deployment does. A trained run's checkpoint (its moving
-  average), exported with transformer-export, translates the run's validation sentences text to
-  text, each engine batching its own way and stopping at EOS, with no length penalty (where the two
-  searches find the same hypotheses: tests/test_export.py); rates are sentences/s, and the share of
-  identical translations is printed. Engines alternate `--repeats` times; compile and load times are left out.
-Ours runs with float32 and with bf16 weight matrices (decode.matmul_dtype; `--matmul_dtypes`), as
-CTranslate2 with float32 and int8 weights (`--compute_types`). Prints a markdown table (target
-tokens/s, each engine's ratio to ours in float32) and writes the figures as JSON.
+`--ct2_batch_tokens` (its best on this machine: 8,192); ours go through translator.search_ids as
+transformer-eval runs them. Both favour one engine: the synthetic one hands CTranslate2 batches of
+one source length and one output length (no padding, no sentence finishing early), the validation
+one costs it dozens of small calls.
+
+Engines alternate `--repeats` times; compile and load times are left out. Ours runs with float32 and
+with bf16 weight matrices (decode.matmul_dtype; `--matmul_dtypes`), CTranslate2 with float32 and int8
+weights (`--compute_types`). Prints a markdown table (each engine's rates and its ratio to ours in
+the first matmul dtype) and writes the figures as JSON.
 """
 
 from __future__ import annotations
