@@ -8,11 +8,11 @@ two seeds could not settle at a quarter of it.
 The variants of experiments/recipes/table3_multi30k.py (the paper's changes relative to its base,
 applied to configs/multi30k.py), trained for the default's 4,800 steps instead of 1,200: every run
 is one whole default-length run (~22-60 minutes of the 2-core VM alone, by its speed that day;
-d_model 512 and 4 layers cost ~2x and ~1.25x), 32 runs in all. (D) comes first, then (C), then the unsettled (A)/(B) variants. The
-base is configs/multi30k.py itself: the README's two default runs can be copied in as base/seed0 and
-base/seed1 (same config, same seeds). The grid resumes where it stopped: run it across sessions,
-never beside a timing measurement. The quarter-length table stays in
-experiments/results/table3_multi30k/ as the cheap version.
+d_model 512 and 4 layers cost ~2x and ~1.25x), 32 runs in all. (D) comes first, then (C), then the
+unsettled (A)/(B) variants. The base is configs/multi30k.py itself: the README's two default runs
+can be copied in as base/seed0 and base/seed1 (same config, same seeds). The grid resumes where it
+stopped: run it across sessions, never beside a timing measurement. The quarter-length table stays
+in experiments/results/table3_multi30k/ as the cheap version.
 `python -m experiments.analyses.table3_lengths` compares the two (which conclusions changed, which
 variants need a third seed: `--seeds=3 --only=NAMES`).
 """
