@@ -86,11 +86,16 @@ def engine_name(matmul_dtype: str) -> str:
   return "ours" if matmul_dtype == "float32" else f"ours {matmul_dtype} matrices"
 
 
+def load_engine(directory: str, compute_type: str):
+  """A CTranslate2 engine on `--threads` intra-op threads, loaded for one measurement alone."""
+  import ctranslate2
+  return ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
+                                intra_threads=FLAGS.threads, inter_threads=1)
+
+
 def theirs(directory, compute_type, pieces, lengths, beam):
   """One engine loaded for this measurement alone (threads of an idle engine still spin)."""
-  import ctranslate2
-  engine = ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
-                                  intra_threads=FLAGS.threads, inter_threads=1)
+  engine = load_engine(directory, compute_type)
   groups = collections.defaultdict(list)
   for source, n in zip(pieces, lengths):
     groups[n].append(source)
@@ -152,9 +157,7 @@ def ours_text(run, sentences: list[str], beam: int, dtype: str, cache: dict
 def theirs_text(directory: str, compute_type: str, vocab, sentences: list[str], beam: int,
                 longest: int) -> tuple[float, list[str]]:
   """The same for CTranslate2, tokenizing and detokenizing inside the timing as ours does."""
-  import ctranslate2
-  engine = ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
-                                  intra_threads=FLAGS.threads, inter_threads=1)
+  engine = load_engine(directory, compute_type)
   options = dict(beam_size=beam, length_penalty=0.0, max_decoding_length=longest,
                  max_batch_size=FLAGS.ct2_batch_tokens, batch_type="tokens")
   engine.translate_batch([vocab.encode(sentences[0], out_type=str)], **options)

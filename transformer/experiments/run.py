@@ -17,8 +17,8 @@ seeds), curves.png, bleu.png and commands.sh (every run's command line); `--reco
 (and the extra test sets' descriptions) to DIR, e.g. experiments/results/<name>/.
 `--base.KEY=VALUE` overrides the base config for every variant; `--only=A,B` runs those variants
 (and the first row) only, e.g. a third seed where two disagree (`--seeds=3 --only=A-h8`).
-`--min_len=N` scores the same
-checkpoints with a minimum output length (reports `_min<N>`, tables in ROOT/min_len<N>/).
+`--min_len=N` scores the same checkpoints with a minimum output length (reports `_min<N>`, tables in
+ROOT/min_len<N>/).
 """
 
 from __future__ import annotations
