@@ -202,6 +202,8 @@ CASES = {
     "translate invalid UTF-8": Case("translate", ("--workdir={run}",),
                                     "standard input is not valid UTF-8 (byte 3)",
                                     stdin=b"Caf\xe9\n"),
+    "translate on a negative number of CPU devices": Case(
+        "translate", ("--workdir={run}", "--cpu_devices=-1"), "--cpu_devices must be >= 0"),
     "translate a missing file": Case("translate", ("--workdir={run}", "--input_file={tmp}/no.en"),
                                      "data file not found: {tmp}/no.en"),
     "sampling temperature of zero": Case("translate", ("--workdir={run}", "--sample",

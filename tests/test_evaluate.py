@@ -3,6 +3,9 @@ n-best lists, sampling independent of batching, forced scores equal to training'
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -183,6 +186,53 @@ def test_bfloat16_search_scores_its_hypotheses_as_the_float32_model_does(trained
   assert half.tag(settings) == "_bfloat16" and half.describe()["matmul_dtype"] == "bfloat16"
   with pytest.raises(ConfigError, match="--matmul_dtype must be one of float32, bfloat16"):
     dataclasses.replace(settings, matmul_dtype="int4").check()
+
+
+# Translates the first 40 validation sentences of a run three ways; prints each one's n-best lists.
+SEARCHES_ON_DEVICES = """
+import dataclasses, json, sys
+import jax
+from transformer.data import sources
+from transformer.runs import load_run
+from transformer.translator import SearchSettings, translate
+run = load_run(sys.argv[1])
+sentences = sources.load_split(run.config.data, run.config.data.eval_split).source[:40]
+sentences[7] = ""  # an empty line, and with 40 sentences over 3 devices, uneven shares and padding
+out = {"devices": jax.device_count()}
+for name, settings in {"beam": SearchSettings(beam_size=3, nbest=2, max_extra_len=5),
+                       "greedy": SearchSettings(beam_size=1, max_extra_len=5),
+                       "sample": SearchSettings(search="sample", top_k=20, seed=1, max_extra_len=5)
+                       }.items():
+  found = translate(run.model, run.params(), run.vocab, sentences,
+                    dataclasses.replace(settings, tokens_per_batch=96), run.config.data.max_len)
+  out[name] = [[(h["text"], h["score"]) for h in n] for n in found.nbest]
+print(json.dumps(out))
+"""
+
+
+def test_each_device_translates_its_own_share_and_the_translations_do_not_change(trained):
+  """On 3 CPU devices every device decodes its own rows of each queue in its own loop: the same
+  hypotheses (and n-best lists, and samples) come back for every sentence as on one device, scores
+  to float rounding, each in its sentence's place."""
+  _, workdir = trained
+  results = []
+  for devices in (1, 3):
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    out = subprocess.run([sys.executable, "-c", SEARCHES_ON_DEVICES, str(workdir)], env=env,
+                         capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[1])
+    assert out.returncode == 0, out.stderr[-3000:]
+    results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+  one, three = results
+  assert (one["devices"], three["devices"]) == (1, 3)
+  for search in ("beam", "greedy", "sample"):
+    assert len(one[search]) == len(three[search]) == 40
+    assert one[search][7] == three[search][7] == []  # the empty line: no hypotheses
+    for a, b in zip(one[search], three[search]):
+      assert [text for text, _ in a] == [text for text, _ in b]
+      np.testing.assert_allclose([score for _, score in a], [score for _, score in b], atol=1e-4)
+  scores = [n[0][1] for n in one["beam"] if n]
+  assert len(set(scores)) > 20  # the sentences' scores differ: a result in another's place shows
 
 
 def test_samples_do_not_depend_on_batching(trained):

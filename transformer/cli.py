@@ -117,6 +117,10 @@ def define_search_flags(sampling: bool = False) -> None:
                       "(default: config.decode.matmul_dtype, float32). bfloat16 is quantised "
                       "decoding: faster on CPUs with AVX512-BF16 and on GPUs; sums and activations "
                       "stay float32 (docs/evaluating.md gives its BLEU change).")
+  flags.DEFINE_integer("cpu_devices", 0, "On a CPU: decode with this many JAX devices, each "
+                       "translating its own share of the sentences (0 = one per core; 1 = one "
+                       "device). XLA runs the decoder's small matrix products on one core per "
+                       "device, so one device per core keeps every core busy. Ignored on GPUs/TPUs.")
   if sampling:
     flags.DEFINE_bool("sample", False, "Deprecated: use --search=sample.")
     flags.DEFINE_float("temperature", None, "With --search=sample: divide log-probabilities by "
@@ -180,6 +184,9 @@ def run_program(program: str, main: Callable[[list[str]], None],
     if compilation_cache:
       use_compilation_cache(flags.FLAGS.compilation_cache)
     try:
+      if "cpu_devices" in flags.FLAGS:  # the programs that translate (define_search_flags)
+        from transformer.partitioning import use_cpu_devices
+        use_cpu_devices(flags.FLAGS.cpu_devices)
       if len(argv) > 1 and not takes_arguments:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
       main(argv)

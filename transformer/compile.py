@@ -172,7 +172,8 @@ def compile_eval(cfg: ml_collections.ConfigDict, model: Transformer, target: Tar
 
 def compile_beam(cfg: ml_collections.ConfigDict, model: Transformer, target: Target, params: Any,
                  length: int) -> dict[str, Any]:
-  """Beam search as transformer-eval runs it: parameters replicated, one length bucket's queue."""
+  """Beam search as transformer-eval runs it: parameters replicated, one length bucket's queue,
+  each device decoding its share in a loop of its own."""
   mesh = partitioning.data_mesh(target.devices)
   settings = translator.SearchSettings.from_config(cfg)
   slots = batching.rows_per_batch(settings.tokens_per_batch, length, mesh.size)
@@ -180,13 +181,13 @@ def compile_beam(cfg: ml_collections.ConfigDict, model: Transformer, target: Tar
   models, replicated = decoding.as_ensemble(
       model, partitioning.with_sharding(params, partitioning.replicated(mesh)))
   decode_len = translator.decode_length(models, length, settings)
-  fn = jax.jit(translator.search_fn(models, settings, decode_len, slots))
+  fn = jax.jit(translator.search_fn(models, settings, decode_len, slots // mesh.size, mesh=mesh))
   rows = partitioning.batch_sharding(mesh)
   lowered = fn.lower(replicated, _abstract((queue, length), jnp.int32, rows),
                      _abstract((queue,), jnp.int32, rows), _abstract((queue,), jnp.int32, rows))
   compiled, seconds = _timed_compile(lowered, "beam", cfg)
   report = _compiled_report("beam", compiled, seconds, target)
-  report["shape"] = {"sentences": queue, "slots": slots, "source_len": length,
+  report["shape"] = {"sentences": queue, "slots": slots, "devices": mesh.size, "source_len": length,
                      "decode_len": decode_len, "beam_size": settings.beam_size}
   return report
 

@@ -190,7 +190,9 @@ def print_report(report: dict[str, Any]) -> None:
         f"{paper['bleu']:.2f}")
   print(f"  lowercased tokenized BLEU (the Multi30k literature's: lc.norm.tok, multi-bleu) "
         f"{report['lc_tok_bleu']['bleu']:.2f}")
-  print(f"decoded {report['sentences']} sentences in {format_duration(report['decode_sec'])} "
+  devices = report.get("devices", 1)
+  print(f"decoded {report['sentences']} sentences"
+        f"{f' on {devices} devices' if devices > 1 else ''} in {format_duration(report['decode_sec'])} "
         f"({report['sentences_per_sec']:.1f} sentences/s, {report['target_tokens_per_sec']:.0f} "
         f"target tokens/s; +{report['compile_sec']:.1f}s compile, "
         f"{format_duration(report['total_sec'])} in all); report: {report['files'][1]}")

@@ -138,7 +138,11 @@ _zeros = nn.initializers.zeros_init()
 
 
 def constrain(x: jax.Array, *axes: str | None) -> jax.Array:
-  """Pins an activation's layout by logical axis names (a no-op unless a mesh is set)."""
+  """Pins an activation's layout by logical axis names (a no-op unless a mesh is set, and inside
+  shard_map, where each device computes its own part: decoding's per-device loops)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty and mesh.are_all_axes_manual:
+    return x
   return nn.with_logical_constraint(x, axes, rules=partitioning.RULES)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -95,6 +96,25 @@ def make_mesh(cfg: ml_collections.ConfigDict, vocab_size: int,
   except (ValueError, NotImplementedError, AssertionError):  # topologies it does not know
     grid = np.array(devices).reshape(shape)
   return Mesh(grid, MESH_AXES)
+
+
+def use_cpu_devices(count: int) -> int:
+  """Presents the CPU to JAX as `count` devices (0: one per core the process may use) and returns
+  the count; call before JAX starts its backend. Accelerators are not affected.
+
+  For decoding: XLA runs a small matrix product (the decoder's 256 x 256 ones at 32-256 rows) on
+  one core, so with one CPU device the other cores idle through much of a decoding step. With one device
+  per core each decodes its own queue of sentences (translator.search_fn), all cores at once. An
+  XLA_FLAGS device count (--xla_force_host_platform_device_count, as the tests set) wins.
+  """
+  if count < 0:
+    raise ConfigError(f"--cpu_devices must be >= 0 (0 = one per core), got {count}")
+  if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+    return 0
+  if not count:
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+  jax.config.update("jax_num_cpu_devices", count)
+  return count
 
 
 def data_mesh(devices: list[jax.Device] | None = None) -> Mesh:

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import sentencepiece as spm
+from jax.sharding import Mesh, PartitionSpec
 
 from transformer import decoding, partitioning, progress
 from transformer.config import MATMUL_DTYPES, ConfigError
@@ -137,16 +138,36 @@ class Translations:
 
 
 def search_fn(models: Sequence[Transformer], settings: SearchSettings, decode_len: int,
-              slots: int, forced_lengths: bool = False) -> Callable:
+              slots: int, forced_lengths: bool = False, mesh: Mesh | None = None) -> Callable:
   """(params, src, limits, index) -> decoding.Result [N, n, ...] for a queue of N sentences
   decoded `slots` at a time (`forced_lengths`: EOS forbidden before the limit, else before
-  `settings.min_len` tokens where the limit leaves room)."""
+  `settings.min_len` tokens where the limit leaves room).
+
+  On a `mesh` of several devices each device decodes its own rows of the queue (`device_queues`)
+  in a loop of its own, `slots` at a time: a sentence needs nothing from another, so the devices
+  never wait for one another (no collective inside the loop) and each stops when its rows are done.
+  """
   def fn(params, src, limits, index):
     min_len = (limits - 1 if forced_lengths else
                jnp.minimum(limits - 1, settings.min_len) if settings.min_len else None)
     search = settings.search_class.from_settings(settings, index)
     return decoding.decode(search, models, params, src, limits, decode_len, min_len, slots)
-  return fn
+  if mesh is None or mesh.size == 1:
+    return fn
+  rows = PartitionSpec(partitioning.BATCH_AXES)
+  return jax.shard_map(fn, mesh=mesh, in_specs=(PartitionSpec(), rows, rows, rows), out_specs=rows,
+                       check_vma=False)
+
+
+def device_queues(count: int, devices: int, per_device: int) -> np.ndarray:
+  """Which sentence (0..count-1, longest first) each row of a queue of `devices` * `per_device`
+  rows holds, -1 for padding: device k's block of rows takes sentences k, k + devices, ..., so every
+  device gets as many sentences of each length, and its padding comes last (loop.run needs it)."""
+  rows = np.full((devices, per_device), -1, np.int64)
+  for k in range(devices):
+    members = np.arange(k, count, devices)
+    rows[k, :len(members)] = members
+  return rows.reshape(-1)
 
 
 def _source_ids(vocab: spm.SentencePieceProcessor, sentences: Sequence[str], max_source_len: int
@@ -237,31 +258,37 @@ def search_ids(models: Transformer | Sequence[Transformer], params: Any,
   with progress.Progress("translating", sum(len(b[2]) for b in batches), "sentences",
                          line_seconds=10.0) as bar:
     for length, rows, chunk in batches:
-      slots, queue = _shape(len(chunk), rows)
-      slots = max(slots, mesh.size)
-      queue = -(-queue // slots) * slots
+      # Each device decodes its share of the queue, its share of a batch's rows at a time.
+      slots, per_device = _shape(-(-len(chunk) // mesh.size), rows // mesh.size)
+      order = device_queues(len(chunk), mesh.size, per_device)
+      queue = len(order)
       decode_len = decode_length(models, length, settings)
-      src = pad_rows([np.array(ids[i], np.int32) for i in chunk], length, queue)
+      src = pad_rows([np.array(ids[chunk[i]], np.int32) if i >= 0 else np.zeros(0, np.int32)
+                      for i in order], length, queue)
       src_len = (src != PAD_ID).sum(1)
       limits = np.where(src_len > 0, np.minimum(src_len + settings.max_extra_len, decode_len), 0)
       if output_lengths is not None:
-        limits[:len(chunk)] = np.minimum([output_lengths[i] for i in chunk], decode_len)
-      index = np.zeros(queue, np.int32)
-      index[:len(chunk)] = chunk
+        limits = np.where(order >= 0, np.minimum([output_lengths[chunk[i]] for i in order], decode_len),
+                          0)
+      index = np.array([chunk[i] if i >= 0 else 0 for i in order], np.int32)
       batch = partitioning.shard_batch({"src": src, "limits": limits.astype(np.int32),
                                         "index": index}, mesh)
       args = (params, batch["src"], batch["limits"], batch["index"])
       key = (length, queue, slots, decode_len, settings, output_lengths is not None)
       if key not in compiled_cache:
         t = time.time()
-        fn = jax.jit(search_fn(models, settings, decode_len, slots, output_lengths is not None))
+        fn = jax.jit(search_fn(models, settings, decode_len, slots, output_lengths is not None,
+                                mesh))
         compiled_cache[key] = fn.lower(*args).compile()
         compile_time += time.time() - t
       t = time.time()
       result = jax.device_get(compiled_cache[key](*args))
       tokens, scores, log_probs = result.tokens, result.scores, result.log_probs
       decode_time += time.time() - t
-      for row, i in enumerate(chunk):
+      for row, i in enumerate(order):
+        if i < 0:
+          continue
+        i = chunk[i]
         for out, score, log_prob in zip(tokens[row].tolist(), scores[row], log_probs[row]):
           out = out[:out.index(EOS_ID) + 1] if EOS_ID in out else out
           results[i].append((out, float(score), float(log_prob)))
@@ -271,7 +298,8 @@ def search_ids(models: Transformer | Sequence[Transformer], params: Any,
            "sentences_per_sec": len(ids) / decode_time if decode_time else float("nan"),
            "target_tokens": generated,
            "target_tokens_per_sec": generated / decode_time if decode_time else float("nan"),
-           "models": len(models), "tokens_per_batch": settings.tokens_per_batch}
+           "models": len(models), "tokens_per_batch": settings.tokens_per_batch,
+           "devices": mesh.size}
   return results, stats
 
 

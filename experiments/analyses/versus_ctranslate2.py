@@ -48,7 +48,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from transformer import export, translator  # noqa: E402
+from transformer import export, partitioning, translator  # noqa: E402
 from transformer.benchmark import decode_workload, synthetic_workload  # noqa: E402
 from transformer.data import sources  # noqa: E402
 from transformer.model import ModelConfig, Transformer, initial_params  # noqa: E402
@@ -61,6 +61,11 @@ flags.DEFINE_enum("workload", "synthetic", ["synthetic", "validation", "trained"
 flags.DEFINE_string("workdir", None, "--workload=trained: the training run to translate with.")
 flags.DEFINE_integer("repeats", 2, "Runs of each engine, alternating.")
 flags.DEFINE_integer("threads", 2, "CTranslate2's intra_threads (ours: XLA's, all cores).")
+flags.DEFINE_integer("ct2_inter_threads", 1, "CTranslate2's inter_threads: batches translated at "
+                     "once, each on --threads intra-op threads (2 x 1 = a worker per core).")
+flags.DEFINE_integer("cpu_devices", 0, "Ours: JAX devices the CPU is split into, each decoding "
+                     "its own share of the sentences (transformer-eval's --cpu_devices; 0 = one per "
+                     "core).")
 flags.DEFINE_integer("ct2_batch_tokens", 8192, "CTranslate2's max_batch_size in tokens.")
 flags.DEFINE_integer("tokens_per_batch", None, "Ours: source tokens per batch (default: the "
                      "config's decode.tokens_per_batch).")
@@ -87,10 +92,11 @@ def engine_name(matmul_dtype: str) -> str:
 
 
 def load_engine(directory: str, compute_type: str):
-  """A CTranslate2 engine on `--threads` intra-op threads, loaded for one measurement alone."""
+  """A CTranslate2 engine (`--ct2_inter_threads` workers of `--threads` threads), loaded for one measurement alone."""
   import ctranslate2
   return ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
-                                intra_threads=FLAGS.threads, inter_threads=1)
+                                intra_threads=FLAGS.threads,
+                                inter_threads=FLAGS.ct2_inter_threads)
 
 
 def theirs(directory, compute_type, pieces, lengths, beam):
@@ -201,6 +207,7 @@ def trained_seconds(directory: str) -> tuple[dict, dict]:
 
 def main(argv):
   import ctranslate2
+  partitioning.use_cpu_devices(FLAGS.cpu_devices)
   if FLAGS.workload == "trained" and not FLAGS.workdir:
     raise app.UsageError("--workload=trained needs --workdir=RUN (a training run's folder)")
   directory = tempfile.mkdtemp()
@@ -221,7 +228,8 @@ def main(argv):
         rows.append({"engine": engine, "beam": beam, key: rate,
                      "ratio_to_ours": float(np.median(rate) / base)})
   result = {**work, "ctranslate2": ctranslate2.__version__, "jax": jax.__version__,
-            "threads": FLAGS.threads, "ct2_batch_tokens": FLAGS.ct2_batch_tokens,
+            "threads": FLAGS.threads, "ct2_inter_threads": FLAGS.ct2_inter_threads,
+            "ct2_batch_tokens": FLAGS.ct2_batch_tokens, "jax_devices": jax.device_count(),
             "cpu_count": os.cpu_count(), "rows": rows}
   print(f"| engine | search | {unit} (runs) | ratio to ours |\n|---|---|---|---|")
   for r in rows:
