@@ -25,7 +25,12 @@ transformer-eval runs them. Both favour one engine: the synthetic one hands CTra
 one source length and one output length (no padding, no sentence finishing early), the validation
 one costs it dozens of small calls.
 
-Engines alternate `--repeats` times; compile and load times are left out. Ours runs with float32 and
+Both engines use every core their own best way: ours splits the CPU into one JAX device per core
+(`--cpu_devices`, as transformer-eval does), each decoding its share of the sentences; CTranslate2
+runs `--ct2_layouts` (inter_threads x intra_threads: 1x2 = one worker of two threads, 2x1 = a worker
+per core, each taking whole batches; the fixed-length workloads submit all their calls at once so
+that every worker has some). Engines alternate `--repeats` times; compile and
+load times are left out. Ours runs with float32 and
 with bf16 weight matrices (decode.matmul_dtype; `--matmul_dtypes`), CTranslate2 with float32 and int8
 weights (`--compute_types`). Prints a markdown table (each engine's rates and its ratio to ours in
 the first matmul dtype) and writes the figures as JSON.
@@ -60,9 +65,9 @@ flags.DEFINE_enum("workload", "synthetic", ["synthetic", "validation", "trained"
                   "What to decode.")
 flags.DEFINE_string("workdir", None, "--workload=trained: the training run to translate with.")
 flags.DEFINE_integer("repeats", 2, "Runs of each engine, alternating.")
-flags.DEFINE_integer("threads", 2, "CTranslate2's intra_threads (ours: XLA's, all cores).")
-flags.DEFINE_integer("ct2_inter_threads", 1, "CTranslate2's inter_threads: batches translated at "
-                     "once, each on --threads intra-op threads (2 x 1 = a worker per core).")
+flags.DEFINE_list("ct2_layouts", ["1x2"], "CTranslate2's threads as INTERxINTRA: inter_threads "
+                  "workers (batches translated at once) of intra_threads threads each; 2x1 = a "
+                  "worker per core. Several are timed side by side.")
 flags.DEFINE_integer("cpu_devices", 0, "Ours: JAX devices the CPU is split into, each decoding "
                      "its own share of the sentences (transformer-eval's --cpu_devices; 0 = one per "
                      "core).")
@@ -91,28 +96,35 @@ def engine_name(matmul_dtype: str) -> str:
   return "ours" if matmul_dtype == "float32" else f"ours {matmul_dtype} matrices"
 
 
-def load_engine(directory: str, compute_type: str):
-  """A CTranslate2 engine (`--ct2_inter_threads` workers of `--threads` threads), loaded for one measurement alone."""
+def load_engine(directory: str, compute_type: str, layout: str):
+  """A CTranslate2 engine with the threads of `layout` (INTERxINTRA), loaded for one measurement."""
   import ctranslate2
+  inter, intra = map(int, layout.split("x"))
   return ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
-                                intra_threads=FLAGS.threads,
-                                inter_threads=FLAGS.ct2_inter_threads)
+                                intra_threads=intra, inter_threads=inter)
 
 
-def theirs(directory, compute_type, pieces, lengths, beam):
+def ct2_engines() -> list[tuple[str, str, str]]:
+  """(name, compute type, layout) of every CTranslate2 configuration to time."""
+  return [(f"ctranslate2 {ct}" + (f" {layout}" if len(FLAGS.ct2_layouts) > 1 else ""), ct, layout)
+          for layout in FLAGS.ct2_layouts for ct in FLAGS.compute_types]
+
+
+def theirs(directory, compute_type, layout, pieces, lengths, beam):
   """One engine loaded for this measurement alone (threads of an idle engine still spin)."""
-  engine = load_engine(directory, compute_type)
+  engine = load_engine(directory, compute_type, layout)
   groups = collections.defaultdict(list)
   for source, n in zip(pieces, lengths):
     groups[n].append(source)
   options = dict(beam_size=beam, max_batch_size=FLAGS.ct2_batch_tokens, batch_type="tokens")
   engine.translate_batch(pieces[:8], min_decoding_length=4, max_decoding_length=4, **options)
   t = time.perf_counter()
-  for n, batch in groups.items():
-    # n decoder steps, as ours takes for n tokens with EOS forced at the last
-    out = engine.translate_batch(batch, min_decoding_length=n, max_decoding_length=n, **options)
+  # Every call submitted at once, so that each of several workers (inter_threads) takes calls.
+  pending = [(n, engine.translate_batch(batch, min_decoding_length=n, max_decoding_length=n,
+                                        asynchronous=True, **options)) for n, batch in groups.items()]
+  done = [(n, [r.result() for r in results]) for n, results in pending]
   seconds = time.perf_counter() - t
-  assert len(out[0].hypotheses[0]) == n, "CTranslate2 did not decode to the length asked"
+  assert all(len(out[0].hypotheses[0]) == n for n, out in done), "not decoded to the length asked"
   del engine
   return seconds
 
@@ -137,9 +149,9 @@ def fixed_length_seconds(directory: str) -> tuple[dict, dict]:
       for dtype in FLAGS.matmul_dtypes:
         seconds[(engine_name(dtype), beam)].append(
             ours(model, params, src, lengths, beam, cfg.data.max_len, dtype))
-      for ct in FLAGS.compute_types:
+      for name, ct, layout in ct2_engines():
         time.sleep(1)  # the last engine's idle threads stop spinning
-        seconds[(f"ctranslate2 {ct}", beam)].append(theirs(directory, ct, pieces, lengths, beam))
+        seconds[(name, beam)].append(theirs(directory, ct, layout, pieces, lengths, beam))
   work = {"workload": origin, "sentences": len(src), "target_tokens": sum(lengths),
           "layers": config.num_layers, "d_model": config.d_model}
   return seconds, work
@@ -160,10 +172,10 @@ def ours_text(run, sentences: list[str], beam: int, dtype: str, cache: dict
   return time.perf_counter() - t, hypotheses
 
 
-def theirs_text(directory: str, compute_type: str, vocab, sentences: list[str], beam: int,
-                longest: int) -> tuple[float, list[str]]:
+def theirs_text(directory: str, compute_type: str, layout: str, vocab, sentences: list[str],
+                beam: int, longest: int) -> tuple[float, list[str]]:
   """The same for CTranslate2, tokenizing and detokenizing inside the timing as ours does."""
-  engine = load_engine(directory, compute_type)
+  engine = load_engine(directory, compute_type, layout)
   options = dict(beam_size=beam, length_penalty=0.0, max_decoding_length=longest,
                  max_batch_size=FLAGS.ct2_batch_tokens, batch_type="tokens")
   engine.translate_batch([vocab.encode(sentences[0], out_type=str)], **options)
@@ -189,11 +201,11 @@ def trained_seconds(directory: str) -> tuple[dict, dict]:
         took, texts[engine_name(dtype), beam] = ours_text(run, sentences, beam, dtype,
                                                           caches[beam, dtype])
         seconds[engine_name(dtype), beam].append(took)
-      for ct in FLAGS.compute_types:
+      for name, ct, layout in ct2_engines():
         time.sleep(1)  # the last engine's idle threads stop spinning
-        took, texts[f"ctranslate2 {ct}", beam] = theirs_text(directory, ct, run.vocab, sentences,
-                                                             beam, longest)
-        seconds[f"ctranslate2 {ct}", beam].append(took)
+        took, texts[name, beam] = theirs_text(directory, ct, layout, run.vocab, sentences, beam,
+                                              longest)
+        seconds[name, beam].append(took)
   reference = lambda beam: texts[engine_name(FLAGS.matmul_dtypes[0]), beam]
   same = {f"{engine}, beam {beam}": float(np.mean([a == b for a, b in zip(hyps, reference(beam))]))
           for (engine, beam), hyps in texts.items()}
@@ -228,7 +240,7 @@ def main(argv):
         rows.append({"engine": engine, "beam": beam, key: rate,
                      "ratio_to_ours": float(np.median(rate) / base)})
   result = {**work, "ctranslate2": ctranslate2.__version__, "jax": jax.__version__,
-            "threads": FLAGS.threads, "ct2_inter_threads": FLAGS.ct2_inter_threads,
+            "ct2_layouts": FLAGS.ct2_layouts,
             "ct2_batch_tokens": FLAGS.ct2_batch_tokens, "jax_devices": jax.device_count(),
             "cpu_count": os.cpu_count(), "rows": rows}
   print(f"| engine | search | {unit} (runs) | ratio to ours |\n|---|---|---|---|")
