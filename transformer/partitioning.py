@@ -98,9 +98,9 @@ def make_mesh(cfg: ml_collections.ConfigDict, vocab_size: int,
   return Mesh(grid, MESH_AXES)
 
 
-def use_cpu_devices(count: int) -> int:
-  """Presents the CPU to JAX as `count` devices (0: one per core the process may use) and returns
-  the count; call before JAX starts its backend. Accelerators are not affected.
+def use_cpu_devices(count: int) -> None:
+  """Presents the CPU to JAX as `count` devices (0: one per core the process may use); call before
+  JAX starts its backend. Accelerators are not affected.
 
   For decoding: XLA runs a small matrix product (the decoder's 256 x 256 ones at 32-256 rows) on
   one core, so with one CPU device the other cores idle through much of a decoding step. With one device
@@ -110,11 +110,10 @@ def use_cpu_devices(count: int) -> int:
   if count < 0:
     raise ConfigError(f"--cpu_devices must be >= 0 (0 = one per core), got {count}")
   if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
-    return 0
+    return
   if not count:
     count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
   jax.config.update("jax_num_cpu_devices", count)
-  return count
 
 
 def data_mesh(devices: list[jax.Device] | None = None) -> Mesh:

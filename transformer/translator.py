@@ -159,14 +159,14 @@ def search_fn(models: Sequence[Transformer], settings: SearchSettings, decode_le
                        check_vma=False)
 
 
-def device_queues(count: int, devices: int, per_device: int) -> np.ndarray:
-  """Which sentence (0..count-1, longest first) each row of a queue of `devices` * `per_device`
-  rows holds, -1 for padding: device k's block of rows takes sentences k, k + devices, ..., so every
+def device_queues(members: Sequence[int], devices: int, per_device: int) -> np.ndarray:
+  """The sentence (from `members`, longest first) each row of a queue of `devices` * `per_device`
+  rows holds, -1 for padding: device k's block of rows takes members k, k + devices, ..., so every
   device gets as many sentences of each length, and its padding comes last (loop.run needs it)."""
   rows = np.full((devices, per_device), -1, np.int64)
   for k in range(devices):
-    members = np.arange(k, count, devices)
-    rows[k, :len(members)] = members
+    share = members[k::devices]
+    rows[k, :len(share)] = share
   return rows.reshape(-1)
 
 
@@ -260,17 +260,16 @@ def search_ids(models: Transformer | Sequence[Transformer], params: Any,
     for length, rows, chunk in batches:
       # Each device decodes its share of the queue, its share of a batch's rows at a time.
       slots, per_device = _shape(-(-len(chunk) // mesh.size), rows // mesh.size)
-      order = device_queues(len(chunk), mesh.size, per_device)
-      queue = len(order)
+      sentence = device_queues(chunk, mesh.size, per_device)
+      queue = len(sentence)
       decode_len = decode_length(models, length, settings)
-      src = pad_rows([np.array(ids[chunk[i]], np.int32) if i >= 0 else np.zeros(0, np.int32)
-                      for i in order], length, queue)
+      src = pad_rows([np.array(ids[i] if i >= 0 else [], np.int32) for i in sentence], length, queue)
       src_len = (src != PAD_ID).sum(1)
       limits = np.where(src_len > 0, np.minimum(src_len + settings.max_extra_len, decode_len), 0)
       if output_lengths is not None:
-        limits = np.where(order >= 0, np.minimum([output_lengths[chunk[i]] for i in order], decode_len),
-                          0)
-      index = np.array([chunk[i] if i >= 0 else 0 for i in order], np.int32)
+        real = sentence >= 0
+        limits[real] = np.minimum(np.asarray(output_lengths)[sentence[real]], decode_len)
+      index = np.maximum(sentence, 0).astype(np.int32)
       batch = partitioning.shard_batch({"src": src, "limits": limits.astype(np.int32),
                                         "index": index}, mesh)
       args = (params, batch["src"], batch["limits"], batch["index"])
@@ -285,10 +284,9 @@ def search_ids(models: Transformer | Sequence[Transformer], params: Any,
       result = jax.device_get(compiled_cache[key](*args))
       tokens, scores, log_probs = result.tokens, result.scores, result.log_probs
       decode_time += time.time() - t
-      for row, i in enumerate(order):
+      for row, i in enumerate(sentence):
         if i < 0:
           continue
-        i = chunk[i]
         for out, score, log_prob in zip(tokens[row].tolist(), scores[row], log_probs[row]):
           out = out[:out.index(EOS_ID) + 1] if EOS_ID in out else out
           results[i].append((out, float(score), float(log_prob)))

@@ -41,6 +41,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -222,6 +223,10 @@ def main(argv):
   partitioning.use_cpu_devices(FLAGS.cpu_devices)
   if FLAGS.workload == "trained" and not FLAGS.workdir:
     raise app.UsageError("--workload=trained needs --workdir=RUN (a training run's folder)")
+  for layout in FLAGS.ct2_layouts:
+    if not re.fullmatch(r"[1-9][0-9]*x[1-9][0-9]*", layout):
+      raise app.UsageError(f"--ct2_layouts takes INTERxINTRA thread counts such as 1x2 or 2x1, "
+                           f"got {layout!r}")
   directory = tempfile.mkdtemp()
   try:
     measure = trained_seconds if FLAGS.workload == "trained" else fixed_length_seconds
