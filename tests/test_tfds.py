@@ -157,3 +157,9 @@ def test_prepare_command_line_errors(tmp_path):
   assert out.returncode == 2
   assert out.stderr.strip().splitlines()[-1].startswith(
       "transformer.data.prepare: error: unknown TFDS dataset 'wmt99_xx'")
+
+
+def test_missing_tensorflow_datasets_is_a_data_error(monkeypatch):
+  monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # makes `import` raise ImportError
+  with pytest.raises(sources.DataError, match=r"needs tensorflow-datasets.*pip install 'tensorflow-datasets"):
+    sources.prepared_builder("wmt14_translate/de-en", None)

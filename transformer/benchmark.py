@@ -59,13 +59,19 @@ from transformer.step import dropout_key, jit_train_fns
 FLAGS = flags.FLAGS
 log = logging.getLogger("transformer")
 
-def measure_peak_tflops(dtype: Any, size: int = 4096, repeats: int = 10) -> float:
-  """TFLOP/s of a large square matmul in `dtype` on one device: an achievable peak."""
-  x = jnp.ones((size, size), dtype)
-  matmul = jax.jit(lambda a: a @ a)
-  run = lambda: matmul(x)
-  timed(run, 1)  # compile
-  return 2 * size ** 3 / statistics.median(timed(run, repeats)) / 1e12
+def measure_peak_tflops(dtype: Any) -> float:
+  """TFLOP/s of a large square matmul of random operands in `dtype` on one device: an achievable
+  peak. On an accelerator, twenty 8192-wide products are queued back to back per timing: one
+  4096-wide product is ~0.2 ms there, and timed alone the launch and the host clock outweighed it
+  (254-485 TFLOP/s on an H200 whose long loop reaches ~700). On a CPU one 4096-wide product is a
+  second or so, timed alone."""
+  on_cpu = jax.default_backend() == "cpu"
+  size, launches, repeats = (4096, 1, 10) if on_cpu else (8192, 20, 5)
+  a, b = (jax.random.normal(k, (size, size), dtype) for k in jax.random.split(jax.random.key(0)))
+  matmul = jax.jit(jnp.matmul)
+  run = lambda: [matmul(a, b) for _ in range(launches)][-1]
+  timed(run, 1)  # compile and warm up
+  return 2 * size ** 3 * launches / statistics.median(timed(run, repeats)) / 1e12
 
 
 def peak_memory_bytes() -> int | None:

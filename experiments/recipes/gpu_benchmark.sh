@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU figure docs/performance.md asks for, in one call (device time is short):
 # base and big at the paper's 25k target tokens per step, bf16, with each attention kernel and the
-# memory options; one JSON per setting in OUT (default: bench_gpu/), then a summary table.
+# memory options; one JSON per setting in OUT (default: bench_gpu/), then a summary table. Most
+# important first (a lease may end mid-way); decoding and checkpoint saves on base and big only.
 #   bash experiments/recipes/gpu_benchmark.sh [OUT]
 set -uo pipefail
 out=${1:-${OUT:-bench_gpu}}
@@ -10,19 +11,19 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | t
 bench() {  # NAME CONFIG FLAGS...
   local name=$1 config=$2; shift 2
   echo "== $name"
-  python -m transformer.benchmark --config="$config" --batch_tokens=25000 --seq_len=32 \
-    --steps=20 --warmup=5 --decode_sentences=-1 --measure_peak --checkpoint_saves=0 \
+  python3 -m transformer.benchmark --config="$config" --batch_tokens=25000 --seq_len=32 \
+    --steps=20 --warmup=5 --decode_sentences=0 --measure_peak --checkpoint_saves=0 \
     --output="$out/$name.json" "$@" \
     2>"$out/$name.log" | cut -c1-400 || tail -3 "$out/$name.log"
 }
-bench base configs/wmt14_ende.py:base --checkpoint_saves=3  # the checkpoint cost: base and big only
-bench base_reference_attention configs/wmt14_ende.py:base --config.model.attention=reference
+bench base configs/wmt14_ende.py:base --checkpoint_saves=3 --decode_sentences=-1
+bench big configs/wmt14_ende.py:big --checkpoint_saves=3 --decode_sentences=-1
 bench base_xla_attention configs/wmt14_ende.py:base --config.model.attention=xla
-bench big configs/wmt14_ende.py:big --checkpoint_saves=3
 bench big_remat_dots configs/wmt14_ende.py:big --config.model.remat=dots
-bench big_scan configs/wmt14_ende.py:big --config.model.scan_layers=True
 bench big_accum2 configs/wmt14_ende.py:big --config.train.grad_accum_steps=2
-python - "$out" <<'PY'
+bench big_scan configs/wmt14_ende.py:big --config.model.scan_layers=True
+bench base_reference_attention configs/wmt14_ende.py:base --config.model.attention=reference
+python3 - "$out" <<'PY'
 import json, sys
 from pathlib import Path
 from transformer.info import table_peak
@@ -34,5 +35,5 @@ for path in sorted(Path(sys.argv[1]).glob("*.json")):
     table = r["analytic_tflops_per_sec"] / (peak * r["devices"]) if peak else float("nan")
     mem = (r["peak_memory_bytes"] or 0) / 2**30
     print(f"| {path.stem} | {r['target_tokens_per_sec']:,.0f} | {r['step_sec_median']:.3f} | {table:.1%} | "
-          f"{r['mfu']:.1%} | {mem:.1f} | {r.get('decode_beam4_sentences_per_sec', 0):.1f} |")
+          f"{r['mfu']:.1%} | {mem:.1f} | {r.get('decode_beam4_sentences_per_sec', 0):.1f} |".replace("| 0.0 |", "| – |"))
 PY

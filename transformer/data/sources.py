@@ -89,7 +89,12 @@ def prepare_command(name: str, data_dir: str) -> str:
 def prepared_builder(name: str, data_dir: str | os.PathLike | None):
   """The TFDS builder of `name` if it is prepared in the array_record format; else a DataError that
   says what to run. Checks files only, so it answers in well under a second without a network."""
-  import tensorflow_datasets as tfds  # imported here: text-file runs do not pay for it.
+  try:
+    import tensorflow_datasets as tfds  # imported here: text-file runs do not pay for it.
+  except ImportError as e:  # a partial environment (an accelerator image), not a pip install of ours
+    raise DataError(f"TFDS dataset {name!r} needs tensorflow-datasets, which does not import here "
+                    f"({e}): pip install 'tensorflow-datasets>=4.9.7' (a dependency of this package)"
+                    ) from None
   data_dir = tfds_data_dir(str(data_dir or ""))
   try:
     builder = tfds.builder(name, data_dir=str(data_dir))
