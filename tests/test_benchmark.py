@@ -2,9 +2,11 @@
 
 import math
 
+import jax.numpy as jnp
 import pytest
 from helpers import tiny_run_config
 
+from transformer import benchmark as benchmark_lib
 from transformer.benchmark import benchmark, benchmark_input, decode_workload, spread
 from transformer.data.pipeline import training_inputs
 from transformer.info import table_peak, training_flops_per_target_token
@@ -74,6 +76,22 @@ def test_the_peak_table_matches_device_kinds_by_longest_prefix():
   assert table_peak("NVIDIA A100-SXM4-80GB") == 312.0
   assert table_peak("TPU v5 lite") == 197.0 and table_peak("TPU v5p") == 459.0
   assert table_peak("cpu") is None
+
+
+@pytest.mark.parametrize("backend, size, launches", [("cpu", 4096, 1), ("gpu", 8192, 20)])
+def test_measured_peak_counts_every_queued_product(monkeypatch, backend, size, launches):
+  """On an accelerator one timing covers 20 queued 8192-wide products (one alone times the launch);
+  on a CPU one 4096-wide product. Timings replaced by 0.5 s: TFLOP/s = 2 n^3 products / 0.5 s."""
+  calls = []
+  def fake_timed(run, repeats):
+    calls.append(repeats)
+    return [0.5] * repeats
+  monkeypatch.setattr(benchmark_lib.jax, "default_backend", lambda: backend)
+  monkeypatch.setattr(benchmark_lib.jax.random, "normal", lambda key, shape, dtype: jnp.zeros((1, 1)))
+  monkeypatch.setattr(benchmark_lib, "timed", fake_timed)
+  tflops = benchmark_lib.measure_peak_tflops(jnp.bfloat16)
+  assert tflops == pytest.approx(2 * size ** 3 * launches / 0.5 / 1e12)
+  assert calls == [1, 10 if backend == "cpu" else 5]  # warm-up, then the timed repeats
 
 
 def test_step_time_spread_against_numpy():
