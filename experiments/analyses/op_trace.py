@@ -14,23 +14,34 @@ from collections.abc import Callable
 import jax
 
 
-def traced_ops(run: Callable[[], object], hlo: str) -> list[dict]:
+def traced_ops(run: Callable[[], object], hlo: str, keep_dir: str | None = None) -> list[dict]:
   """The trace events of XLA's ops while `run()` executes the program whose compiled HLO text is
-  `hlo`, each with its JAX op (`op`: the `op_name` metadata it was compiled from, layers merged as
-  `layer_*`) beside the trace's thread (`tid`), start (`ts`) and duration (`dur`), in µs."""
-  with tempfile.TemporaryDirectory() as trace_dir:
+  `hlo` (xla_ops). `keep_dir`: write the trace there and keep it (for TensorBoard or Perfetto)
+  rather than in a temporary directory."""
+  with tempfile.TemporaryDirectory() as scratch:
+    trace_dir = keep_dir or scratch
     jax.profiler.start_trace(trace_dir)
     run()
     jax.profiler.stop_trace()
     with gzip.open(max(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True))) as f:
       trace = json.load(f)
+  return xla_ops(trace["traceEvents"], hlo)
+
+
+def xla_ops(events: list[dict], hlo: str) -> list[dict]:
+  """XLA's ops among a trace's `events`, each with its JAX op (`op`: the `op_name` metadata it was
+  compiled from, layers merged as `layer_*`) beside the trace's thread (`tid`), start (`ts`) and
+  duration (`dur`), in µs. On a CPU an op's event is named by its HLO instruction (`fusion.12`); a
+  GPU kernel's event is named by the kernel and carries the instruction as its `hlo_op` argument;
+  where a trace has such device events, only they count (the host's events for the same ops are
+  their launches). The runtime's own events (`PjitFunction(train_step)`, `CommonPjRtLoadedExecutable::...`) enclose
+  the ops they run and are left out."""
   op_names = dict(re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = .*?metadata=\{op_name=\"([^\"]+)\"", hlo,
                              re.MULTILINE))
+  device = [e for e in events if e.get("args", {}).get("hlo_op")]
   ops = []
-  for event in trace["traceEvents"]:
-    name = event.get("name", "")
-    # XLA's ops only: HLO instruction names are lower case (`fusion.12`); the runtime's own events
-    # (`PjitFunction(train_step)`, `CommonPjRtLoadedExecutable::...`) enclose the ops they run.
+  for event in device or events:
+    name = event.get("args", {}).get("hlo_op") or event.get("name", "")
     if event.get("ph") == "X" and (name in op_names or re.fullmatch(r"[a-z_]+(\.\d+)?", name)):
       op = op_names.get(name, name)
       op = re.sub(r"layers?_\d+", "layer_*", re.sub(r"^(jit\([^)]*\)/)+", "", op))

@@ -44,6 +44,8 @@ config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Run config to 
 flags.DEFINE_integer("rows", 128, "Sentences per batch.")
 flags.DEFINE_integer("seq_len", 16, "Tokens per sentence (source and target).")
 flags.DEFINE_integer("steps", 8, "Timed steps.")
+flags.DEFINE_string("trace_dir", None, "Keep the profiled steps' trace in this directory (for "
+                    "TensorBoard or Perfetto; default: a temporary directory, removed).")
 flags.DEFINE_integer("top", 15, "Also list this many single operations with the most time.")
 flags.DEFINE_list("versus", [], "KEY=VALUE config overrides: instead of profiling, time the config's "
                   "step and the overridden config's step alternately in one process (--rounds of 3 "
@@ -163,7 +165,7 @@ def main(argv: list[str]) -> None:
       state, sums = fns.step(state, batch, rng)
     jax.block_until_ready(sums)
 
-  print_breakdown(op_times(traced_ops(three_steps, hlo), 3), category, "step", FLAGS.top)
+  print_breakdown(op_times(traced_ops(three_steps, hlo, FLAGS.trace_dir), 3), category, "step", FLAGS.top)
 
 
 if __name__ == "__main__":

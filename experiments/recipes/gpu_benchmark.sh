@@ -18,10 +18,11 @@ bench() {  # NAME CONFIG FLAGS...
 }
 bench base configs/wmt14_ende.py:base --checkpoint_saves=3 --decode_sentences=-1
 bench big configs/wmt14_ende.py:big --checkpoint_saves=3 --decode_sentences=-1
-# Where base's step goes (the measured step was 1.9x the compiled prediction): ops summed by model code.
+# Where base's step goes (the measured step was 1.9x the compiled prediction): GPU kernels summed by
+# the model code they come from; the trace is kept in base_trace/ for TensorBoard or Perfetto.
 echo "== base_profile"
 python3 -m experiments.analyses.step_profile --config=configs/wmt14_ende.py:base --rows=781 --seq_len=32 \
-  --top=25 > "$out/base_profile.txt" 2> "$out/base_profile.log" && grep -v "^    " "$out/base_profile.txt" \
+  --top=25 --trace_dir="$out/base_trace" > "$out/base_profile.txt" 2> "$out/base_profile.log" && grep -v "^    " "$out/base_profile.txt" \
   || tail -3 "$out/base_profile.log"
 bench base_xla_attention configs/wmt14_ende.py:base --config.model.attention=xla
 bench big_remat_dots configs/wmt14_ende.py:big --config.model.remat=dots
