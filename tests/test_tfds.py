@@ -163,3 +163,5 @@ def test_missing_tensorflow_datasets_is_a_data_error(monkeypatch):
   monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # makes `import` raise ImportError
   with pytest.raises(sources.DataError, match=r"needs tensorflow-datasets.*pip install 'tensorflow-datasets"):
     sources.prepared_builder("wmt14_translate/de-en", None)
+  with pytest.raises(sources.DataError, match=r"'wmt14_translate/de-en' needs tensorflow-datasets"):
+    prepare.prepare("wmt14_ende")  # the download program says the same, before any network

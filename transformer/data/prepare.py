@@ -66,8 +66,8 @@ def check_network(urls: list[str], timeout: float = 5.0) -> None:
 
 def prepare(name: str, data_dir: str | None = None) -> epath.Path:
   """Downloads and prepares `name` (short or TFDS name) as array_record; returns its directory."""
-  import tensorflow_datasets as tfds
   name = tfds_name(name)
+  tfds = sources.import_tfds(name)
   data_dir = sources.tfds_data_dir(data_dir or "")
   try:
     return sources.prepared_builder(name, data_dir).data_path

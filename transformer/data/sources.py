@@ -86,15 +86,23 @@ def prepare_command(name: str, data_dir: str) -> str:
   return f"python -m transformer.data.prepare {name} --data_dir={data_dir}"
 
 
-def prepared_builder(name: str, data_dir: str | os.PathLike | None):
-  """The TFDS builder of `name` if it is prepared in the array_record format; else a DataError that
-  says what to run. Checks files only, so it answers in well under a second without a network."""
+def import_tfds(name: str):
+  """tensorflow_datasets, imported on first use (text-file runs do not pay for it); a DataError
+  naming `name` where it does not import (a partial environment such as an accelerator image, not a
+  pip install of this package)."""
   try:
-    import tensorflow_datasets as tfds  # imported here: text-file runs do not pay for it.
-  except ImportError as e:  # a partial environment (an accelerator image), not a pip install of ours
+    import tensorflow_datasets as tfds
+  except ImportError as e:
     raise DataError(f"TFDS dataset {name!r} needs tensorflow-datasets, which does not import here "
                     f"({e}): pip install 'tensorflow-datasets>=4.9.7' (a dependency of this package)"
                     ) from None
+  return tfds
+
+
+def prepared_builder(name: str, data_dir: str | os.PathLike | None):
+  """The TFDS builder of `name` if it is prepared in the array_record format; else a DataError that
+  says what to run. Checks files only, so it answers in well under a second without a network."""
+  tfds = import_tfds(name)
   data_dir = tfds_data_dir(str(data_dir or ""))
   try:
     builder = tfds.builder(name, data_dir=str(data_dir))
