@@ -34,8 +34,8 @@ def xla_ops(events: list[dict], hlo: str) -> list[dict]:
   duration (`dur`), in µs. On a CPU an op's event is named by its HLO instruction (`fusion.12`); a
   GPU kernel's event is named by the kernel and carries the instruction as its `hlo_op` argument;
   where a trace has such device events, only they count (the host's events for the same ops are
-  their launches). The runtime's own events (`PjitFunction(train_step)`, `CommonPjRtLoadedExecutable::...`) enclose
-  the ops they run and are left out."""
+  their launches). The runtime's own events (`PjitFunction(train_step)`,
+  `CommonPjRtLoadedExecutable::...`) enclose the ops they run and are left out."""
   op_names = dict(re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = .*?metadata=\{op_name=\"([^\"]+)\"", hlo,
                              re.MULTILINE))
   device = [e for e in events if e.get("args", {}).get("hlo_op")]

@@ -165,7 +165,8 @@ def main(argv: list[str]) -> None:
       state, sums = fns.step(state, batch, rng)
     jax.block_until_ready(sums)
 
-  print_breakdown(op_times(traced_ops(three_steps, hlo, FLAGS.trace_dir), 3), category, "step", FLAGS.top)
+  ops = traced_ops(three_steps, hlo, FLAGS.trace_dir)
+  print_breakdown(op_times(ops, 3), category, "step", FLAGS.top)
 
 
 if __name__ == "__main__":
