@@ -22,10 +22,16 @@ done
 evaluate() {  # NAME FLAGS...: the moving average's report and the raw parameters' (the same compiled search, run second)
   local name=$1; shift
   echo "== $name"
-  timeout 120 python3 -m transformer.evaluate --workdir="$workdir" --source_file="$out/val$repeat.en" \
-    --reference_file="$out/val$repeat.de" "$@" 2>"$out/$name.log" \
-    | grep -E "sacreBLEU|decoded" | cut -c1-300 || tail -3 "$out/$name.log"
-  for report in $(ls -t "$workdir"/eval/*.json | head -2); do cp "$report" "$out/$name.$(basename "$report")"; done
+  if timeout 120 python3 -m transformer.evaluate --workdir="$workdir" --source_file="$out/val$repeat.en" \
+      --reference_file="$out/val$repeat.de" "$@" >"$out/$name.out" 2>"$out/$name.log"; then
+    grep -E "sacreBLEU|decoded" "$out/$name.out" | cut -c1-300
+    # the two reports it printed (moving average, then raw), kept under this setting's name
+    for report in $(grep -o "report: [^ ]*\.json" "$out/$name.out" | cut -d" " -f2); do
+      cp "$report" "$out/$name.$(basename "$report")"
+    done
+  else
+    tail -3 "$out/$name.log"
+  fi
 }
 evaluate float32
 evaluate bfloat16 --matmul_dtype=bfloat16
