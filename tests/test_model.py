@@ -143,6 +143,21 @@ def test_output_projection_gradients_match_autodiff_of_the_einsum(rng, dtype):
     np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=tolerance, atol=tolerance)
 
 
+def test_output_projection_backward_multiplies_in_bfloat16_with_bfloat16_inputs(rng):
+  x = jnp.asarray(rng.normal(size=(2, 3, 8)), jnp.bfloat16)
+  matrix = jnp.asarray(rng.normal(size=(16, 8)), jnp.bfloat16)
+  _, pullback = jax.vjp(output_logits, x, matrix)
+  d_logits = jnp.asarray(rng.normal(size=(2, 3, 16)), jnp.float32)
+  jaxpr = jax.make_jaxpr(pullback)(d_logits)
+  products = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+  assert len(products) == 2
+  assert all(v.aval.dtype == jnp.bfloat16 for e in products for v in e.invars)
+  d_x, _ = pullback(d_logits)  # the rounded cotangent, by hand
+  want = jnp.einsum("btv,vd->btd", d_logits.astype(jnp.bfloat16).astype(jnp.float32),
+                    matrix.astype(jnp.float32)).astype(jnp.bfloat16)
+  np.testing.assert_allclose(np.float32(d_x), np.float32(want), rtol=1e-2)
+
+
 PAPER_SIZES = {  # (N, d_model, d_ff, heads) -> exact count at a shared vocabulary of 37000
     "base": ((6, 512, 2048, 8), 63_082_496),
     "big": ((6, 1024, 4096, 16), 214_245_376),

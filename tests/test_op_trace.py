@@ -36,6 +36,17 @@ def test_gpu_kernels_count_and_their_host_launches_do_not():
   assert per_op == {"Transformer/layer_*/mul": 0.04, "Transformer/layer_*/dot_general": 0.06}
 
 
+def test_kernels_of_a_cuda_graph_are_read_by_their_names():
+  graph = {"hlo_op": "command_buffer_1", "hlo_module": "jit_step"}
+  events = [event("fusion_1", 40, tid=100, **graph),                  # fusion.1's kernel
+            event("nvjet_sm90_tst_128x128", 60, tid=100, **graph),    # a cuBLAS kernel
+            event("copy_3", 5, tid=100, **graph),                     # an op without metadata
+            event("fusion.1", 3, tid=7)]                              # a host launch
+  per_op = op_times(xla_ops(events, HLO + "  %copy.3 = f32[8]{0} copy(%p0)\n"), 1)
+  assert per_op == {"Transformer/layer_*/mul": 0.04, "library kernel: nvjet_sm90_tst_128x128": 0.06,
+                    "copy.3": 0.005}
+
+
 def test_a_real_trace_finds_the_product_and_keeps_the_trace(tmp_path):
   f = jax.jit(lambda a, b: jnp.tanh(a @ b))
   a = jnp.asarray(np.random.default_rng(0).standard_normal((64, 64)), jnp.float32)

@@ -23,30 +23,53 @@ def traced_ops(run: Callable[[], object], hlo: str, keep_dir: str | None = None)
     jax.profiler.start_trace(trace_dir)
     run()
     jax.profiler.stop_trace()
-    with gzip.open(max(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True))) as f:
-      trace = json.load(f)
-  return xla_ops(trace["traceEvents"], hlo)
+    return xla_ops(trace_events(trace_dir), hlo)
+
+
+def trace_events(trace_dir: str) -> list[dict]:
+  """The events of the newest trace jax.profiler wrote under `trace_dir`."""
+  with gzip.open(max(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True))) as f:
+    return json.load(f)["traceEvents"]
 
 
 def xla_ops(events: list[dict], hlo: str) -> list[dict]:
   """XLA's ops among a trace's `events`, each with its JAX op (`op`: the `op_name` metadata it was
   compiled from, layers merged as `layer_*`) beside the trace's thread (`tid`), start (`ts`) and
   duration (`dur`), in µs. On a CPU an op's event is named by its HLO instruction (`fusion.12`); a
-  GPU kernel's event is named by the kernel and carries the instruction as its `hlo_op` argument;
+  GPU kernel's event is named by the kernel and carries the instruction as its `hlo_op` argument
+  (or, when a CUDA graph ran it, the graph's; then kernel_instruction reads the kernel's name);
   where a trace has such device events, only they count (the host's events for the same ops are
   their launches). The runtime's own events (`PjitFunction(train_step)`,
   `CommonPjRtLoadedExecutable::...`) enclose the ops they run and are left out."""
   op_names = dict(re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = .*?metadata=\{op_name=\"([^\"]+)\"", hlo,
                              re.MULTILINE))
+  instructions = set(re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = ", hlo, re.MULTILINE))
   device = [e for e in events if e.get("args", {}).get("hlo_op")]
   ops = []
   for event in device or events:
     name = event.get("args", {}).get("hlo_op") or event.get("name", "")
-    if event.get("ph") == "X" and (name in op_names or re.fullmatch(r"[a-z_]+(\.\d+)?", name)):
+    if device and name.startswith("command_buffer"):  # a kernel run by a CUDA graph
+      name = kernel_instruction(event["name"], instructions)
+    if event.get("ph") == "X" and (name in op_names or re.fullmatch(r"[a-z_]+(\.\d+)?", name)
+                                   or name.startswith(LIBRARY_KERNEL)):
       op = op_names.get(name, name)
       op = re.sub(r"layers?_\d+", "layer_*", re.sub(r"^(jit\([^)]*\)/)+", "", op))
       ops.append({"op": op, "tid": event["tid"], "ts": event["ts"], "dur": event["dur"]})
   return ops
+
+
+LIBRARY_KERNEL = "library kernel: "
+
+
+def kernel_instruction(kernel: str, instructions: set[str]) -> str:
+  """The HLO instruction a GPU kernel ran for, from the kernel's name: XLA names a fusion's kernel
+  after the instruction with '.' as '_' (`input_reduce_fusion_346` for `input_reduce_fusion.346`).
+  A library's kernel (cuBLAS `nvjet_*`, cuDNN `*sdpa*`) has no such name and is kept as
+  `library kernel: NAME`."""
+  for candidate in (kernel, re.sub(r"_(\d+)$", r".\1", kernel)):
+    if candidate in instructions:
+      return candidate
+  return LIBRARY_KERNEL + kernel
 
 
 def op_times(ops: list[dict], calls: int) -> collections.Counter:

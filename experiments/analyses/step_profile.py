@@ -4,14 +4,17 @@ code they come from.
     python -m experiments.analyses.step_profile [--config=configs/multi30k.py --rows=128 --seq_len=16]
         [--config.model.dropout=0.0 ...]
 
-Times the jit-compiled step training runs (step.jit_train_fns) on a synthetic batch without padding,
-traces three more steps, maps each executed XLA op to the JAX operation it was compiled from (the
-`op_name` metadata of the compiled HLO) and sums the op time by category: matmuls (the output
-projection over the vocabulary apart), dropout, the loss, LayerNorm, attention's other operations,
-the optimizer and the rest. Op time is summed over XLA's threads, so it adds up to more than the
-step's wall time; read the shares, and time the step itself for speed-ups. The timed steps' page
-faults and kernel time show what the host's memory allocation costs (transformer/host_memory.py;
-`TRANSFORMER_MALLOC_DEFAULTS=1` runs with malloc as glibc sets it).
+Times the jit-compiled step training runs (step.jit_train_fns) on transformer-benchmark's synthetic
+batch (random ids, each row ending in EOS, no padding), traces three more steps, maps each executed
+XLA op to the JAX operation it was compiled from (the `op_name` metadata of the compiled HLO) and
+sums the op time by category: matmuls (the output projection over the vocabulary apart), dropout,
+the loss, LayerNorm, attention's other operations, the optimizer and the rest; on a GPU, cuBLAS and
+cuDNN kernels run inside a CUDA graph are named by the kernel. `--trace_dir=DIR` keeps the trace and
+the compiled program, and `--read_trace=DIR` reads them again (anywhere, no accelerator needed).
+Op time is summed over XLA's threads, so it adds up to more than the step's wall time; read the
+shares, and time the step itself for speed-ups. The timed steps' page faults and kernel time show
+what the host's memory allocation costs (transformer/host_memory.py; `TRANSFORMER_MALLOC_DEFAULTS=1`
+runs with malloc as glibc sets it).
 
     python -m experiments.analyses.step_profile --versus=train.dropout_rng=unsafe_rbg [--rounds=8]
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import ast
 import copy
 import dataclasses
+import re
 import resource
 import time
 from typing import Any
@@ -33,8 +37,16 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from experiments.analyses.op_trace import op_times, print_breakdown, traced_ops
+from experiments.analyses.op_trace import (
+  LIBRARY_KERNEL,
+  op_times,
+  print_breakdown,
+  trace_events,
+  traced_ops,
+  xla_ops,
+)
 from transformer import partitioning
+from transformer.benchmark import synthetic_tokens
 from transformer.cli import run_program
 from transformer.config import validate
 from transformer.model import ModelConfig, Transformer
@@ -46,6 +58,8 @@ flags.DEFINE_integer("seq_len", 16, "Tokens per sentence (source and target).")
 flags.DEFINE_integer("steps", 8, "Timed steps.")
 flags.DEFINE_string("trace_dir", None, "Keep the profiled steps' trace in this directory (for "
                     "TensorBoard or Perfetto; default: a temporary directory, removed).")
+flags.DEFINE_string("read_trace", None, "Instead of profiling, read again a trace kept with "
+                    "--trace_dir (its trace and train_step.hlo.txt; e.g. one taken on a GPU).")
 flags.DEFINE_integer("top", 15, "Also list this many single operations with the most time.")
 flags.DEFINE_list("versus", [], "KEY=VALUE config overrides: instead of profiling, time the config's "
                   "step and the overridden config's step alternately in one process (--rounds of 3 "
@@ -55,7 +69,12 @@ FLAGS = flags.FLAGS
 
 
 def category(op: str) -> str:
-  """The part of the step an op belongs to, from its JAX op name."""
+  """The part of the step an op belongs to, from its JAX op name (or a GPU library's kernel name)."""
+  if op.startswith(LIBRARY_KERNEL):
+    if re.search(r"sdpa|flash|fmha|cudnn", op):
+      return "attention: cuDNN kernels"
+    if re.search(r"gemm|nvjet|cublas|cutlass", op):
+      return "matmul: cuBLAS kernels (layers and vocabulary)"
   if "dot_general" in op:
     return "matmul: output projection (vocabulary)" if "btd,vd->btv" in op else "matmul: layers"
   if "Dropout" in op or "rng_bit_generator" in op or "random_bits" in op:
@@ -73,7 +92,7 @@ def category(op: str) -> str:
 
 @dataclasses.dataclass
 class PreparedStep:
-  """The jit-compiled step training runs for a config, on a synthetic batch without padding."""
+  """The jit-compiled step training runs for a config, on benchmark.synthetic_tokens batches."""
   fns: Any
   mesh: Any
   batch: dict
@@ -88,10 +107,11 @@ class PreparedStep:
     model = Transformer(ModelConfig.from_config(cfg.model, vocab_size))
     mesh = partitioning.make_mesh(cfg, vocab_size)
     fns = jit_train_fns(cfg, model, mesh)
-    tokens = np.random.default_rng(0).integers(4, vocab_size, (FLAGS.rows, FLAGS.seq_len), np.int32)
-    batch = partitioning.shard_batch({"src": tokens, "tgt": tokens[::-1].copy()}, mesh)
+    batch = partitioning.shard_batch(
+        {"src": synthetic_tokens(FLAGS.rows, FLAGS.seq_len, vocab_size, 0),
+         "tgt": synthetic_tokens(FLAGS.rows, FLAGS.seq_len, vocab_size, 1)}, mesh)
     prepared = cls(fns, mesh, batch, dropout_key(cfg), fns.init(jax.random.key(cfg.seed)),
-                   tokens.size)
+                   FLAGS.rows * FLAGS.seq_len)
     for _ in range(3):
       prepared.run()
     return prepared
@@ -135,8 +155,18 @@ def compare(cfg, overrides: list[str]) -> None:
   print(f"ratio (overridden / config): {second / first:.3f}")
 
 
+def read_trace(trace_dir: str) -> None:
+  """The breakdown of a kept trace of three steps (--trace_dir), from its files alone."""
+  with open(f"{trace_dir}/train_step.hlo.txt") as f:
+    hlo = f.read()
+  print_breakdown(op_times(xla_ops(trace_events(trace_dir), hlo), 3), category, "step", FLAGS.top)
+
+
 def main(argv: list[str]) -> None:
   cfg = FLAGS.config
+  if FLAGS.read_trace:
+    read_trace(FLAGS.read_trace)
+    return
   if FLAGS.versus:
     compare(cfg, FLAGS.versus)
     return
@@ -166,6 +196,9 @@ def main(argv: list[str]) -> None:
     jax.block_until_ready(sums)
 
   ops = traced_ops(three_steps, hlo, FLAGS.trace_dir)
+  if FLAGS.trace_dir:  # with the program, the trace can be read again offline (op_trace.xla_ops)
+    with open(f"{FLAGS.trace_dir}/train_step.hlo.txt", "w") as f:
+      f.write(hlo)
   print_breakdown(op_times(ops, 3), category, "step", FLAGS.top)
 
 
