@@ -18,7 +18,7 @@ bench() {  # NAME CONFIG FLAGS...
 }
 bench base configs/wmt14_ende.py:base --checkpoint_saves=3 --decode_sentences=-1
 bench big configs/wmt14_ende.py:big --checkpoint_saves=3 --decode_sentences=-1
-# Where base's step goes (the measured step was 1.9x the compiled prediction): GPU kernels summed by
+# Where base's step goes (the measured step is 1.8x the compiled prediction): GPU kernels summed by
 # the model code they come from; the trace is kept in base_trace/ for TensorBoard or Perfetto.
 echo "== base_profile"
 python3 -m experiments.analyses.step_profile --config=configs/wmt14_ende.py:base --rows=781 --seq_len=32 \
