@@ -76,7 +76,9 @@ def category(op: str) -> str:
     if re.search(r"gemm|nvjet|cublas|cutlass", op):
       return "matmul: cuBLAS kernels (layers and vocabulary)"
   if "dot_general" in op:
-    return "matmul: output projection (vocabulary)" if "btd,vd->btv" in op else "matmul: layers"
+    projection = ("btd,vd->btv", "btv,vd->btd", "btd,btv->dv")  # forward, and projection.py's backward
+    return ("matmul: output projection (vocabulary)" if any(p in op for p in projection)
+            else "matmul: layers")
   if "Dropout" in op or "rng_bit_generator" in op or "random_bits" in op:
     return "dropout (masks and scaling)"
   if "token_losses" in op or "log_softmax" in op or op.startswith(("jvp()/", "transpose(jvp())")):
