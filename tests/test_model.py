@@ -2,6 +2,7 @@
 
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +12,7 @@ from helpers import init_params, model_config, random_tokens, tiny_model_config
 from transformer import kv_cache
 from transformer.attention import CACHE, Keys, attention
 from transformer.info import analytic_param_count, param_counts
-from transformer.model import Transformer, shift_right, sinusoidal_encoding
+from transformer.model import Transformer, embed_tokens, shift_right, sinusoidal_encoding
 from transformer.projection import output_logits
 
 pytestmark = pytest.mark.core
@@ -156,6 +157,24 @@ def test_output_projection_backward_multiplies_in_bfloat16_with_bfloat16_inputs(
   want = jnp.einsum("btv,vd->btd", d_logits.astype(jnp.bfloat16).astype(jnp.float32),
                     matrix.astype(jnp.float32)).astype(jnp.bfloat16)
   np.testing.assert_allclose(np.float32(d_x), np.float32(want), rtol=1e-2)
+
+
+def test_bfloat16_embedding_gradient_sums_repeated_tokens_in_float32(rng):
+  """A token repeated 1,000 times in a batch (EOS, 'a'): its row's gradient is the float32 sum of
+  the rows' bf16 gradients (summed in bf16, as nn.Embed's gather of a bf16 table did, ~5% off)."""
+  config = tiny_model_config(dtype=jnp.bfloat16)
+  embed = nn.Embed(config.vocab_size, config.d_model, dtype=config.dtype)  # as Transformer makes it
+  tokens = jnp.asarray(np.where(rng.random((40, 50)) < 0.5, 3, rng.integers(4, 24, (40, 50))))
+  weights = jnp.asarray(rng.normal(size=(40, 50, config.d_model)), jnp.bfloat16)
+  table = jnp.asarray(rng.normal(size=(config.vocab_size, config.d_model)) / 4, jnp.float32)
+  loss = lambda t: (embed.apply({"params": {"embedding": t}}, tokens, method=lambda e, x: embed_tokens(
+      config, e, x)) * weights).astype(jnp.float32).sum()
+  grad = jax.jit(jax.grad(loss))(table)
+  row_grads = np.float64(weights * jnp.asarray(math.sqrt(config.d_model), jnp.bfloat16))  # bf16 products
+  want = np.zeros(table.shape)
+  np.add.at(want, np.asarray(tokens), row_grads)
+  assert int((tokens == 3).sum()) > 900
+  np.testing.assert_allclose(grad, want, rtol=1e-5, atol=1e-4)
 
 
 PAPER_SIZES = {  # (N, d_model, d_ff, heads) -> exact count at a shared vocabulary of 37000

@@ -315,8 +315,12 @@ def stack_layers(config: ModelConfig, layer: type[nn.Module], x: jax.Array, *arg
 
 
 def embed_tokens(config: ModelConfig, embed: nn.Embed, tokens: jax.Array) -> jax.Array:
-  """Token embeddings scaled by sqrt(D), as the paper does for the shared matrix."""
-  return embed(tokens) * jnp.asarray(math.sqrt(config.d_model), config.dtype)
+  """Token embeddings scaled by sqrt(D), as the paper does for the shared matrix. The rows are
+  gathered from the float32 table and then cast (nn.Embed casts the table first: the same values),
+  so that the gradient's scatter-add sums in float32: in bf16 a token seen a thousand times in a
+  batch (EOS, 'a') got its row's gradient summed in bf16, ~5% off, and a GPU added bf16 rows."""
+  rows = jnp.take(embed.embedding, tokens, axis=0).astype(config.dtype)
+  return rows * jnp.asarray(math.sqrt(config.d_model), config.dtype)
 
 
 class Encoder(nn.Module):
