@@ -24,6 +24,11 @@ echo "== base_profile"
 python3 -m experiments.analyses.step_profile --config=configs/wmt14_ende.py:base --rows=781 --seq_len=32 \
   --top=25 --trace_dir="$out/base_trace" > "$out/base_profile.txt" 2> "$out/base_profile.log" && grep -v "^    " "$out/base_profile.txt" \
   || tail -3 "$out/base_profile.log"
+# cuDNN's flash attention took 18-19% of the step at rows of 32 tokens: ours against it, alternating in
+# one process (separate processes could not resolve the 4% between them).
+echo "== base_attention_versus"
+python3 -m experiments.analyses.step_profile --config=configs/wmt14_ende.py:base --rows=781 --seq_len=32 \
+  --versus=model.attention=reference --rounds=6 2> "$out/base_attention_versus.log" | tee "$out/base_attention_versus.txt"
 bench base_xla_attention configs/wmt14_ende.py:base --config.model.attention=xla
 bench big_remat_dots configs/wmt14_ende.py:big --config.model.remat=dots
 bench big_accum2 configs/wmt14_ende.py:big --config.train.grad_accum_steps=2
