@@ -6,7 +6,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from transformer.config import base_config
+from transformer.config import ConfigError, base_config, validate
 from transformer.data import batching, sources
 from transformer.data import vocab as vocab_lib
 from transformer.model import EOS_ID
@@ -135,6 +135,23 @@ def test_vocabulary_detokenizes_to_the_text_it_was_given(tmp_path):
   vocab = vocab_lib.train_vocab(text.source + text.target + odd * 5, tmp_path / "v.model", 300)
   for line in [*odd, *text.target[:50]]:
     assert vocab.decode(vocab.encode(line)) == line
+
+
+def test_case_folding_vocabulary_lowercases_both_sides_and_has_its_own_cache_entry(tmp_path):
+  data = base_config().data
+  data.vocab_size, data.vocab_sample_sentences = 300, 3000
+  data.vocab_cache_dir = str(tmp_path / "cache")
+  data.vocab_normalization = "nmt_nfkc_cf"
+  source = sources.load_split(data, "train")
+  (tmp_path / "run").mkdir()
+  vocab = vocab_lib.vocab_for_run(tmp_path / "run", data, source, seed=0)
+  assert vocab.decode(vocab.encode("Zwei junge Männer im Park.")) == "zwei junge männer im park."
+  assert vocab_lib.cached_vocab_path(data, seed=0).name == (
+      "multi30k.train.en-de.bpe300.nmt_nfkc_cf.sample3000.seed0.model")
+  cfg = base_config()
+  cfg.data.vocab_normalization = "lowercase"
+  with pytest.raises(ConfigError, match="vocab_normalization must be one of 'identity'"):
+    validate(cfg)
 
 
 def test_vocabulary_sample_is_uniform_not_the_head():

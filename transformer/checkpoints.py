@@ -47,7 +47,7 @@ BROKEN_DIR = "broken_checkpoints"
 # change these (batch size, schedule, steps, evaluation settings may change).
 FIXED_KEYS = {"model": None,  # every key
               "data": ("source", "src_lang", "tgt_lang", "train_src", "train_tgt", "tfds_name",
-                       "train_split", "vocab_size", "vocab_model_type")}
+                       "train_split", "vocab_size", "vocab_model_type", "vocab_normalization")}
 
 
 class CheckpointError(UserError, RuntimeError):

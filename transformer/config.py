@@ -18,6 +18,9 @@ MATMUL_DTYPES = ("float32", "bfloat16")  # decode.matmul_dtype: bfloat16 = quant
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg", "unsafe_rbg_threefry")
 DATA_SOURCES = ("multi30k", "files", "tfds")
 VOCAB_MODEL_TYPES = ("bpe", "unigram")
+# SentencePiece's normalisation rules; "_cf" ones also fold case (the multimodal-MT literature's
+# lowercased training text).
+VOCAB_NORMALIZATIONS = ("identity", "nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf")
 BATCHING_MODES = ("bucket", "pack")
 ATTENTION_KERNELS = ("auto", "xla", "cudnn", "reference")
 REMAT_MODES = ("none", "full", "dots")
@@ -89,6 +92,7 @@ def _data_keys() -> ml_collections.ConfigDict:
   data.eval_split = "validation"
   data.vocab_size = 37000           # shared SentencePiece vocabulary.
   data.vocab_model_type = "bpe"
+  data.vocab_normalization = "identity"  # text as given; 'nmt_nfkc_cf': NFKC and lowercased.
   data.vocab_sample_sentences = 1_000_000  # training pairs sampled uniformly to train it.
   data.vocab_cache_dir = ""         # '' = $XDG_CACHE_HOME/transformer/vocab (~/.cache/...).
   data.max_len = 256                # longer training pairs (in subword tokens) are dropped,
@@ -217,6 +221,7 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
   _choice(cfg, "data.source", DATA_SOURCES)
   _choice(cfg, "train.dropout_rng", RNG_IMPLS)
   _choice(cfg, "data.vocab_model_type", VOCAB_MODEL_TYPES)
+  _choice(cfg, "data.vocab_normalization", VOCAB_NORMALIZATIONS)
   _choice(cfg, "data.batching", BATCHING_MODES)
   _choice(cfg, "model.attention", ATTENTION_KERNELS)
   _choice(cfg, "model.remat", REMAT_MODES)

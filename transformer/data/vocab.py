@@ -2,8 +2,10 @@
 
 SentencePiece (not a hand-written BPE) because it is what t2t and the Flax example use, it trains in
 seconds on Multi30k, and it detokenizes back to the text it was given, so BLEU is computed on real
-text. New vocabularies use identity normalisation (SentencePiece's default, NFKC, rewrites text:
-'ﬁ' becomes 'fi', full-width letters narrow); only runs of spaces become one space.
+text. Vocabularies use identity normalisation by default (`data.vocab_normalization`; SentencePiece's
+default, NFKC, rewrites text: 'ﬁ' becomes 'fi', full-width letters narrow); only runs of spaces
+become one space. A case-folding rule ('nmt_nfkc_cf') lowercases both sides as they are encoded, so
+the model reads and writes lowercased text, as the multimodal-MT literature trains.
 Special ids are fixed so the model can rely on them: 0 pad, 1 EOS, 2 BOS, 3 unknown.
 
 It is trained on a uniform random sample of `data.vocab_sample_sentences` training pairs (both sides),
@@ -33,12 +35,13 @@ from transformer.model import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 log = logging.getLogger("transformer")
 
 VOCAB_FILE = "vocab.model"
-NORMALIZATION = "identity"  # SentencePiece's rule for new vocabularies (its default, nmt_nfkc, rewrites)
 
 
 def train_vocab(sentences: Sequence[str], path: str | os.PathLike, vocab_size: int,
-                model_type: str = "bpe") -> spm.SentencePieceProcessor:
-  """Trains a SentencePiece model on `sentences` and saves it at `path` (atomically)."""
+                model_type: str = "bpe", normalization: str = "identity"
+                ) -> spm.SentencePieceProcessor:
+  """Trains a SentencePiece model on `sentences` with the `normalization` rule and saves it at
+  `path` (atomically)."""
   path = Path(path)
   sample = [s for s in sentences if s.strip()]
   if not sample:
@@ -52,7 +55,7 @@ def train_vocab(sentences: Sequence[str], path: str | os.PathLike, vocab_size: i
           model_type=model_type, character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID,
           bos_id=BOS_ID, unk_id=UNK_ID, num_threads=os.cpu_count() or 1, minloglevel=2,
           hard_vocab_limit=True, input_sentence_size=len(sample),
-          normalization_rule_name=NORMALIZATION)
+          normalization_rule_name=normalization)
     except RuntimeError as e:
       raise DataError(f"SentencePiece could not build a vocabulary of {vocab_size} pieces "
                       f"({str(e).strip()}); lower config.data.vocab_size") from None
@@ -120,7 +123,8 @@ def cache_dir(data: ml_collections.ConfigDict) -> Path:
 
 def cached_vocab_path(data: ml_collections.ConfigDict, seed: int) -> Path:
   return cache_dir(data) / (f"{dataset_key(data)}.{data.vocab_model_type}{data.vocab_size}"
-                            f".{NORMALIZATION}.sample{data.vocab_sample_sentences}.seed{seed}.model")
+                            f".{data.vocab_normalization}.sample{data.vocab_sample_sentences}"
+                            f".seed{seed}.model")
 
 
 def vocab_for_run(workdir: str | os.PathLike, data: ml_collections.ConfigDict, source,
@@ -141,5 +145,5 @@ def cached_vocab(data: ml_collections.ConfigDict, source, seed: int) -> Path:
     log.info("Reusing the cached vocabulary %s", cached)
   else:
     sentences = sample_sentences(source, data.vocab_sample_sentences, seed)
-    train_vocab(sentences, cached, data.vocab_size, data.vocab_model_type)
+    train_vocab(sentences, cached, data.vocab_size, data.vocab_model_type, data.vocab_normalization)
   return cached
