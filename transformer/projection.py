@@ -18,7 +18,8 @@ import jax.numpy as jnp
 @jax.custom_vjp
 def output_logits(x: jax.Array, matrix: jax.Array) -> jax.Array:
   """[B, T, D] x [V, D] -> float32 [B, T, V]: logits over the vocabulary."""
-  return jnp.einsum("btd,vd->btv", x, matrix, preferred_element_type=jnp.float32)
+  with jax.named_scope("output_logits"):  # profiles find the projection by this name
+    return jnp.einsum("btd,vd->btv", x, matrix, preferred_element_type=jnp.float32)
 
 
 def _output_logits_fwd(x, matrix):
@@ -27,12 +28,13 @@ def _output_logits_fwd(x, matrix):
 
 def _output_logits_bwd(residuals, d_logits):
   x, matrix = residuals
-  d_logits = d_logits.astype(x.dtype)  # bf16 training: both products in bf16 (float32 sums)
-  d_x = jnp.einsum("btv,vd->btd", d_logits, matrix, preferred_element_type=jnp.float32)
-  # [tokens, D]^T x [tokens, V] as a 2-D product: XLA's CPU backend runs no bf16 product with two
-  # contracting dimensions (b, t) and float32 sums ("Unsupported element type for DotThunk").
-  d_matrix = jax.lax.dot_general(x.reshape(-1, x.shape[-1]), d_logits.reshape(-1, d_logits.shape[-1]),
-                                 (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32).T
+  with jax.named_scope("output_logits_grad"):
+    d_logits = d_logits.astype(x.dtype)  # bf16 training: both products in bf16 (float32 sums)
+    d_x = jnp.einsum("btv,vd->btd", d_logits, matrix, preferred_element_type=jnp.float32)
+    # [tokens, D]^T x [tokens, V] as a 2-D product: XLA's CPU backend runs no bf16 product with two
+    # contracting dimensions (b, t) and float32 sums ("Unsupported element type for DotThunk").
+    d_matrix = jax.lax.dot_general(x.reshape(-1, x.shape[-1]), d_logits.reshape(-1, d_logits.shape[-1]),
+                                   (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32).T
   return d_x.astype(x.dtype), d_matrix.astype(matrix.dtype)
 
 

@@ -76,8 +76,7 @@ def category(op: str) -> str:
     if re.search(r"gemm|nvjet|cublas|cutlass", op):
       return "matmul: cuBLAS kernels (layers and vocabulary)"
   if "dot_general" in op:
-    projection = ("btd,vd->btv", "btv,vd->btd", "btd,btv->dv")  # forward, and projection.py's backward
-    return ("matmul: output projection (vocabulary)" if any(p in op for p in projection)
+    return ("matmul: output projection (vocabulary)" if "output_logits" in op  # projection.py's scopes
             else "matmul: layers")
   if "Dropout" in op or "rng_bit_generator" in op or "random_bits" in op:
     return "dropout (masks and scaling)"
