@@ -66,6 +66,7 @@ flags.DEFINE_list("versus", [], "KEY=VALUE config overrides: instead of profilin
                   "steps each) and print both and their ratio.")
 flags.DEFINE_integer("rounds", 8, "With --versus: alternating rounds.")
 FLAGS = flags.FLAGS
+HLO_FILE = "train_step.hlo.txt"  # the compiled program, kept beside a --trace_dir trace
 
 
 def category(op: str) -> str:
@@ -158,7 +159,7 @@ def compare(cfg, overrides: list[str]) -> None:
 
 def read_trace(trace_dir: str) -> None:
   """The breakdown of a kept trace of three steps (--trace_dir), from its files alone."""
-  with open(f"{trace_dir}/train_step.hlo.txt") as f:
+  with open(f"{trace_dir}/{HLO_FILE}") as f:
     hlo = f.read()
   print_breakdown(op_times(xla_ops(trace_events(trace_dir), hlo), 3), category, "step", FLAGS.top)
 
@@ -198,7 +199,7 @@ def main(argv: list[str]) -> None:
 
   ops = traced_ops(three_steps, hlo, FLAGS.trace_dir)
   if FLAGS.trace_dir:  # with the program, the trace can be read again offline (op_trace.xla_ops)
-    with open(f"{FLAGS.trace_dir}/train_step.hlo.txt", "w") as f:
+    with open(f"{FLAGS.trace_dir}/{HLO_FILE}", "w") as f:
       f.write(hlo)
   print_breakdown(op_times(ops, 3), category, "step", FLAGS.top)
 
