@@ -14,6 +14,7 @@ import pytest
 import sacrebleu
 from helpers import REPO, tiny_run_config
 
+from transformer import bleu as bleu_lib
 from transformer.config import ConfigError, base_config
 from transformer.data import sources
 from transformer.experiments import records, results, significance, test_sets
@@ -382,25 +383,56 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   assert "--min_len=1" in (root / "min_len1/commands.sh").read_text()
 
 
-def test_paired_bootstrap_is_koehns_test_on_sacrebleu(rng):
+@pytest.mark.parametrize("metric", ["sacrebleu", "multi-bleu"])
+def test_paired_bootstrap_is_koehns_test_on_sacrebleu(rng, metric):
   """The p-value against a hand-written paired bootstrap: the same resamples (sacreBLEU's seed),
-  BLEU of each resample from scratch, the centred two-sided count with its +1."""
-  words = "a man in a red shirt rides a brown horse on the beach near the sea".split()
+  BLEU of each resample from scratch, the centred two-sided count with its +1; with sacreBLEU's
+  own tokenizer, and as multi-bleu.perl on text as it is (punctuation left attached: the two
+  metrics score these sentences differently)."""
+  words = "a man in a red shirt rides a brown horse, on the beach. near the sea".split()
   refs = [" ".join(rng.choice(words, 8)) for _ in range(30)]
   good = [r if rng.random() < 0.6 else " ".join(r.split()[:4]) for r in refs]
   poor = [r if rng.random() < 0.45 else " ".join(r.split()[:4]) for r in refs]
-  p = significance.paired_bootstrap(poor, good, refs, resamples=200)
+  if metric == "sacrebleu":
+    p = significance.paired_bootstrap(poor, good, refs, resamples=200)
+    score = lambda hyps, refs: sacrebleu.corpus_bleu(hyps, [refs]).score
+  else:
+    p = significance.paired_bootstrap(poor, good, refs, resamples=200, metric=bleu_lib.multi_bleu_metric())
+    score = lambda hyps, refs: bleu_lib.multi_bleu(hyps, refs, tokenize=lambda line: line)["bleu"]
+    assert score(good, refs) != pytest.approx(sacrebleu.corpus_bleu(good, [refs]).score)
 
   index = np.random.default_rng(12345).choice(len(refs), size=(200, len(refs)), replace=True)
-  bleu = lambda hyps, rows: sacrebleu.corpus_bleu([hyps[i] for i in rows], [[refs[i] for i in rows]]).score
+  bleu = lambda hyps, rows: score([hyps[i] for i in rows], [refs[i] for i in rows])
   diffs = np.array([abs(bleu(good, rows) - bleu(poor, rows)) for rows in index])
-  observed = abs(sacrebleu.corpus_bleu(good, [refs]).score - sacrebleu.corpus_bleu(poor, [refs]).score)
+  observed = abs(score(good, refs) - score(poor, refs))
   expected = (np.sum(diffs - diffs.mean() > observed) + 1) / (len(diffs) + 1)
   assert p == pytest.approx(expected, abs=1e-9)
   assert significance.paired_bootstrap(refs, poor, refs) < 0.01  # perfect against poor: real
   assert significance.paired_bootstrap(poor, list(poor), refs) == 1.0
   with pytest.raises(ValueError, match="one translation per reference: 30 and 29 translations"):
     significance.paired_bootstrap(poor, good[:29], refs)
+
+
+def test_compare_translations_scores_both_bleus_and_their_p(tmp_path, rng):
+  """A system that writes the baseline's translations lowercased: the lowercased tokenized BLEU
+  cannot tell them apart (p = 1), cased sacreBLEU can; each score is the library's own."""
+  from experiments.analyses.compare_translations import compare
+
+  words = "A man in a red shirt rides a brown horse , on the Beach . Near the Sea".split()
+  refs = [" ".join(rng.choice(words, 8)) for _ in range(40)]
+  base = [r if rng.random() < 0.6 else " ".join(r.split()[:5]) for r in refs]
+  files = [tmp_path / "base.txt", tmp_path / "lower.txt"]
+  files[0].write_text("\n".join(base) + "\n")
+  files[1].write_text("\n".join(b.lower() for b in base) + "\n")
+  first, lower = compare([str(f) for f in files], refs, "de")
+  assert first["lc_tok_bleu"] == lower["lc_tok_bleu"] == pytest.approx(
+      bleu_lib.lc_tok_bleu(base, refs, "de")["bleu"])
+  assert lower["sacrebleu"] == pytest.approx(bleu_lib.sacrebleu_score([b.lower() for b in base], refs)["bleu"])
+  assert lower["sacrebleu"] < first["sacrebleu"] and lower["sacrebleu_p"] < 0.01
+  assert lower["lc_tok_p"] == 1.0
+  (tmp_path / "short.txt").write_text("one line\n")
+  with pytest.raises(ValueError, match="has 1 lines for 40 references"):
+    compare([str(files[0]), str(tmp_path / "short.txt")], refs, "de")
 
 
 def test_the_curve_reads_the_last_checkpoint_before_each_time_on_a_scaled_clock():

@@ -82,14 +82,18 @@ def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: s
                                         "splitting (##AT##-##AT##), as t2t's get_ende_bleu.sh"}
 
 
+def multi_bleu_metric() -> BLEU:
+  """sacreBLEU set up as multi-bleu.perl: text already tokenized, case kept, no smoothing."""
+  return BLEU(tokenize="none", lowercase=False, smooth_method="none", force=True)
+
+
 def multi_bleu(hypotheses: Sequence[str], references: Sequence[str],
                tokenize: Callable[[str], str]) -> dict:
   """multi-bleu.perl's corpus BLEU (no smoothing, as is) on whitespace tokens of `tokenize(line)`."""
   if len(hypotheses) != len(references):
     raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
   hyp, ref = [tokenize(h) for h in hypotheses], [tokenize(r) for r in references]
-  result = BLEU(tokenize="none", lowercase=False, smooth_method="none",
-                force=True).corpus_score(hyp, [ref])
+  result = multi_bleu_metric().corpus_score(hyp, [ref])
   return {"bleu": result.score, "precisions": result.precisions, "brevity_penalty": result.bp,
           "hyp_len": result.sys_len, "ref_len": result.ref_len, "lines": len(references),
           "smoothing": "none (multi-bleu.perl)"}

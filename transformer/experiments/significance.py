@@ -21,19 +21,22 @@ RESAMPLES = 1000
 
 
 def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], references: Sequence[str],
-                     resamples: int = RESAMPLES) -> float:
-  """The p-value of `system`'s sacreBLEU differing from `baseline`'s on the same `references`."""
+                     resamples: int = RESAMPLES, metric: BLEU | None = None) -> float:
+  """The p-value of `system`'s sacreBLEU differing from `baseline`'s on the same `references`.
+  `metric`: another BLEU set-up (e.g. `bleu.multi_bleu_metric()` on text tokenized by
+  `bleu.multi30k_tokenize`, the Multi30k literature's score)."""
   if not len(baseline) == len(system) == len(references):
     raise ValueError(f"paired test needs one translation per reference: {len(baseline)} and "
                      f"{len(system)} translations for {len(references)} references")
   if list(baseline) == list(system):
     return 1.0  # nothing differs (sacreBLEU would report its smallest p for a zero difference)
-  test = PairedTest([("baseline", list(baseline)), ("system", list(system))], {"BLEU": BLEU()},
-                    [list(references)], test_type="bs", n_samples=resamples)
   sacrebleu_log = logging.getLogger("sacrebleu")
   level = sacrebleu_log.level
   sacrebleu_log.setLevel(logging.WARNING)  # it logs every stage of the test at INFO
   try:
+    test = PairedTest([("baseline", list(baseline)), ("system", list(system))],
+                      {"BLEU": metric or BLEU()}, [list(references)], test_type="bs",
+                      n_samples=resamples)
     _, scores = test()
   finally:
     sacrebleu_log.setLevel(level)

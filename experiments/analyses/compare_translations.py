@@ -1,0 +1,71 @@
+"""Is one set of translations better than another? Both BLEUs and a paired bootstrap for each.
+
+    python -m experiments.analyses.compare_translations --references=val.de --lang=de \
+        BASELINE.hyp.txt SYSTEM.hyp.txt [MORE.hyp.txt ...]
+
+Each file holds one translation per line of the reference file (transformer-eval writes them beside
+its JSON reports: RUN/eval/<split>_step<N>[...]_ema.hyp.txt). Prints, for each file after the
+first, sacreBLEU and the Multi30k literature's lowercased tokenized BLEU (bleu.lc_tok_bleu) and
+the paired bootstrap p-value of its difference from the first file on each (Koehn 2004, sacreBLEU's
+resampling; transformer/experiments/significance.py). The lowercased score is the one to compare
+when one system writes lowercased text (data.vocab_normalization=nmt_nfkc_cf) and the other not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from absl import app, flags
+
+from transformer import bleu
+from transformer.cli import run_program
+from transformer.experiments import significance
+
+flags.DEFINE_string("references", None, "Reference translations, one per line.")
+flags.DEFINE_string("lang", None, "Target language (de, fr, en): the Moses rules of the lowercased score.")
+FLAGS = flags.FLAGS
+
+
+def read_lines(path: str) -> list[str]:
+  if not Path(path).is_file():
+    raise FileNotFoundError(f"no such file: {path}")
+  return Path(path).read_text(encoding="utf-8").splitlines()
+
+
+def compare(files: list[str], references: list[str], lang: str) -> list[dict]:
+  """One row per file: both BLEUs, and for every file after the first its p against the first."""
+  hyps = [read_lines(f) for f in files]
+  for path, lines in zip(files, hyps):
+    if len(lines) != len(references):
+      raise ValueError(f"{path} has {len(lines)} lines for {len(references)} references: "
+                       "pass the translations of the same reference file")
+  tokenized_refs = [bleu.multi30k_tokenize(r, lang) for r in references]
+  tokenized = [[bleu.multi30k_tokenize(h, lang) for h in lines] for lines in hyps]
+  rows = []
+  for i, (path, lines) in enumerate(zip(files, hyps)):
+    row = {"file": path, "sacrebleu": bleu.sacrebleu_score(lines, references)["bleu"],
+           "lc_tok_bleu": bleu.lc_tok_bleu(lines, references, lang)["bleu"]}
+    if i:
+      row["sacrebleu_p"] = significance.paired_bootstrap(hyps[0], lines, references)
+      row["lc_tok_p"] = significance.paired_bootstrap(tokenized[0], tokenized[i], tokenized_refs,
+                                                      metric=bleu.multi_bleu_metric())
+    rows.append(row)
+  return rows
+
+
+def main(argv: list[str]) -> None:
+  files = argv[1:]
+  if len(files) < 2 or not FLAGS.references or not FLAGS.lang:
+    raise app.UsageError("pass --references=FILE --lang=LANG and at least two translation files "
+                         "(the first is the baseline)")
+  rows = compare(files, read_lines(FLAGS.references), FLAGS.lang)
+  print("| translations | sacreBLEU | p vs first | lowercased tokenized BLEU | p vs first |")
+  print("|---|---|---|---|---|")
+  for row in rows:
+    print(f"| {row['file']} | {row['sacrebleu']:.2f} | {row.get('sacrebleu_p', float('nan')):.3f} | "
+          f"{row['lc_tok_bleu']:.2f} | {row.get('lc_tok_p', float('nan')):.3f} |".replace("nan", "–"))
+
+
+if __name__ == "__main__":
+  run_program("experiments.analyses.compare_translations", main, takes_arguments=True,
+              compilation_cache=False)
