@@ -431,8 +431,10 @@ def test_compare_translations_scores_both_bleus_and_their_p(tmp_path, rng):
   assert lower["sacrebleu"] < first["sacrebleu"] and lower["sacrebleu_p"] < 0.01
   assert lower["lc_tok_p"] == 1.0
   (tmp_path / "short.txt").write_text("one line\n")
-  with pytest.raises(ValueError, match="has 1 lines for 40 references"):
+  with pytest.raises(sources.DataError, match="has 1 lines for 40 references"):
     compare([str(files[0]), str(tmp_path / "short.txt")], refs, "de")
+  with pytest.raises(sources.DataError, match="no such file: .*missing.txt"):
+    compare([str(files[0]), str(tmp_path / "missing.txt")], refs, "de")
 
 
 def test_the_curve_reads_the_last_checkpoint_before_each_time_on_a_scaled_clock():

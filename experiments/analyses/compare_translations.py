@@ -19,6 +19,7 @@ from absl import app, flags
 
 from transformer import bleu
 from transformer.cli import run_program
+from transformer.data import sources
 from transformer.experiments import significance
 
 flags.DEFINE_string("references", None, "Reference translations, one per line.")
@@ -28,7 +29,7 @@ FLAGS = flags.FLAGS
 
 def read_lines(path: str) -> list[str]:
   if not Path(path).is_file():
-    raise FileNotFoundError(f"no such file: {path}")
+    raise sources.DataError(f"no such file: {path}")
   return Path(path).read_text(encoding="utf-8").splitlines()
 
 
@@ -37,7 +38,7 @@ def compare(files: list[str], references: list[str], lang: str) -> list[dict]:
   hyps = [read_lines(f) for f in files]
   for path, lines in zip(files, hyps):
     if len(lines) != len(references):
-      raise ValueError(f"{path} has {len(lines)} lines for {len(references)} references: "
+      raise sources.DataError(f"{path} has {len(lines)} lines for {len(references)} references: "
                        "pass the translations of the same reference file")
   tokenized_refs = [bleu.multi30k_tokenize(r, lang) for r in references]
   tokenized = [[bleu.multi30k_tokenize(h, lang) for h in lines] for lines in hyps]
