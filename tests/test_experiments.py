@@ -433,7 +433,7 @@ def test_compare_translations_scores_both_bleus_and_their_p(tmp_path, rng):
   (tmp_path / "short.txt").write_text("one line\n")
   with pytest.raises(sources.DataError, match="has 1 lines for 40 references"):
     compare([str(files[0]), str(tmp_path / "short.txt")], refs, "de")
-  with pytest.raises(sources.DataError, match="no such file: .*missing.txt"):
+  with pytest.raises(sources.DataError, match="not found: .*missing.txt"):
     compare([str(files[0]), str(tmp_path / "missing.txt")], refs, "de")
 
 

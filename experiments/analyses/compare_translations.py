@@ -13,8 +13,6 @@ when one system writes lowercased text (data.vocab_normalization=nmt_nfkc_cf) an
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from absl import app, flags
 
 from transformer import bleu
@@ -22,20 +20,14 @@ from transformer.cli import run_program
 from transformer.data import sources
 from transformer.experiments import significance
 
-flags.DEFINE_string("references", None, "Reference translations, one per line.")
+flags.DEFINE_string("references", None, "Reference translations, one per line (.gz or plain).")
 flags.DEFINE_string("lang", None, "Target language (de, fr, en): the Moses rules of the lowercased score.")
 FLAGS = flags.FLAGS
 
 
-def read_lines(path: str) -> list[str]:
-  if not Path(path).is_file():
-    raise sources.DataError(f"no such file: {path}")
-  return Path(path).read_text(encoding="utf-8").splitlines()
-
-
 def compare(files: list[str], references: list[str], lang: str) -> list[dict]:
   """One row per file: both BLEUs, and for every file after the first its p against the first."""
-  hyps = [read_lines(f) for f in files]
+  hyps = [sources.read_lines(f) for f in files]
   for path, lines in zip(files, hyps):
     if len(lines) != len(references):
       raise sources.DataError(f"{path} has {len(lines)} lines for {len(references)} references: "
@@ -59,7 +51,7 @@ def main(argv: list[str]) -> None:
   if len(files) < 2 or not FLAGS.references or not FLAGS.lang:
     raise app.UsageError("pass --references=FILE --lang=LANG and at least two translation files "
                          "(the first is the baseline)")
-  rows = compare(files, read_lines(FLAGS.references), FLAGS.lang)
+  rows = compare(files, sources.read_lines(FLAGS.references), FLAGS.lang)
   print("| translations | sacreBLEU | p vs first | lowercased tokenized BLEU | p vs first |")
   print("|---|---|---|---|---|")
   for row in rows:
