@@ -31,7 +31,7 @@ def compare(files: list[str], references: list[str], lang: str) -> list[dict]:
   for path, lines in zip(files, hyps):
     if len(lines) != len(references):
       raise sources.DataError(f"{path} has {len(lines)} lines for {len(references)} references: "
-                       "pass the translations of the same reference file")
+                              "pass the translations of the same reference file")
   tokenized_refs = [bleu.multi30k_tokenize(r, lang) for r in references]
   tokenized = [[bleu.multi30k_tokenize(h, lang) for h in lines] for lines in hyps]
   rows = []
