@@ -32,12 +32,13 @@ def compare(files: list[str], references: list[str], lang: str) -> list[dict]:
     if len(lines) != len(references):
       raise sources.DataError(f"{path} has {len(lines)} lines for {len(references)} references: "
                               "pass the translations of the same reference file")
+  # bleu.lc_tok_bleu's score, each side tokenized once for the score and the bootstrap alike
   tokenized_refs = [bleu.multi30k_tokenize(r, lang) for r in references]
   tokenized = [[bleu.multi30k_tokenize(h, lang) for h in lines] for lines in hyps]
   rows = []
   for i, (path, lines) in enumerate(zip(files, hyps)):
     row = {"file": path, "sacrebleu": bleu.sacrebleu_score(lines, references)["bleu"],
-           "lc_tok_bleu": bleu.lc_tok_bleu(lines, references, lang)["bleu"]}
+           "lc_tok_bleu": bleu.multi_bleu_metric().corpus_score(tokenized[i], [tokenized_refs]).score}
     if i:
       row["sacrebleu_p"] = significance.paired_bootstrap(hyps[0], lines, references)
       row["lc_tok_p"] = significance.paired_bootstrap(tokenized[0], tokenized[i], tokenized_refs,
