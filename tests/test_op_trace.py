@@ -5,6 +5,7 @@ import glob
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from experiments.analyses.op_trace import op_times, traced_ops, xla_ops
 
@@ -54,3 +55,68 @@ def test_a_real_trace_finds_the_product_and_keeps_the_trace(tmp_path):
   ops = traced_ops(lambda: jax.block_until_ready(f(a, a)), hlo, keep_dir=str(tmp_path))
   assert any("dot_general" in op["op"] for op in ops), [op["op"] for op in ops]
   assert glob.glob(f"{tmp_path}/**/*.trace.json.gz", recursive=True)
+
+
+SECOND = """
+ENTRY %main {
+  ROOT %fusion.1 = f32[8]{0} fusion(%p0), kind=kLoop, metadata={op_name="jit(step)/Transformer/encoder/exp"}
+}
+"""
+
+
+def test_several_programs_each_event_is_read_against_the_program_that_ran_it():
+  # Both programs have a `fusion.1`; runs 'b' (started first) and 'a' executed programs 1 and 0.
+  events = [event("fusion.1", 30, run_id="a", hlo_op="fusion.1") | {"ts": 100},
+            event("fusion.1", 20, run_id="b", hlo_op="fusion.1") | {"ts": 10},
+            event("dot.2", 50, run_id="a", hlo_op="dot.2") | {"ts": 140}]
+  per_op = op_times(xla_ops(events, [HLO, SECOND], calls=[1, 0]), 1)
+  assert per_op == {"Transformer/layer_*/mul": 0.03, "Transformer/encoder/exp": 0.02,
+                    "Transformer/layer_*/dot_general": 0.05}
+
+
+def test_several_programs_need_the_calls_that_ran_them():
+  events = [event("fusion.1", 30, run_id="a", hlo_op="fusion.1")]
+  with pytest.raises(ValueError, match="1 executions but 2 calls"):
+    xla_ops(events, [HLO, SECOND], calls=[0, 1])
+
+
+def test_a_real_trace_of_two_programs_attributes_each_op_to_its_own(tmp_path):
+  products = jax.jit(lambda a: jnp.tanh(a @ a))
+  sums = jax.jit(lambda a: jnp.sin(a).sum(0))
+  a = jnp.ones((64, 64), jnp.float32)
+  compiled = [products.lower(a).compile(), sums.lower(a).compile()]
+  calls: list[int] = []
+
+  def run():
+    for i in (1, 0, 1):
+      calls.append(i)
+      jax.block_until_ready(compiled[i](a))
+  ops = traced_ops(run, [c.as_text() for c in compiled], calls=calls)
+  # XLA names both programs' main fusion `ynn_fusion`: read against one program's names, all three
+  # would be the product's or all three the sum's.
+  count = lambda part: sum(part in op["op"] for op in ops)
+  assert (count("dot_general"), count("reduce_sum")) == (1, 2), [op["op"] for op in ops]
+
+
+def test_a_fusion_of_products_and_layer_norm_is_named_by_its_products():
+  hlo = """
+%fused_computation.7 (param_0: f32[8,4], param_1: f32[4,4]) -> f32[8] {
+  %dot.1 = f32[8,4]{1,0} dot(%param_0, %param_1), metadata={op_name="jit(f)/jit(g)/layer_0/ffn/wi/dot_general"}
+  %dot.2 = f32[8,4]{1,0} dot(%dot.1, %param_1), metadata={op_name="jit(f)/jit(g)/layer_0/ffn/wo/dot_general"}
+  ROOT %reduce.3 = f32[8]{0} reduce(%dot.2, %c), dimensions={1}, metadata={op_name="jit(f)/layer_0/ffn_norm/reduce_sum"}
+}
+
+ENTRY %main {
+  ROOT %ynn_fusion.7 = f32[8]{0} fusion(%p0), calls=%fused_computation.7, metadata={op_name="f/layer_0/ffn_norm/x"}
+}
+"""
+  ops = xla_ops([event("ynn_fusion.7", 10)], hlo)
+  assert [op["op"] for op in ops] == ["layer_*/ffn/wi/dot_general + layer_*/ffn/wo/dot_general"]
+
+
+def test_the_step_profile_finds_the_vocabulary_projection_by_scope_or_by_its_einsums():
+  from experiments.analyses.step_profile import category
+  vocabulary = "matmul: output projection (vocabulary)"
+  assert category("transpose(jvp(Transformer))/Transformer.decode/decoder/btv,vd->btd/dot_general") == vocabulary
+  assert category("Transformer.decode/decoder/output_logits/btd,vd->btv/dot_general") == vocabulary
+  assert category("Transformer.decode/decoder/layer_*/ffn/wi/dot_general") == "matmul: layers"

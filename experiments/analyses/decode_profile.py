@@ -14,7 +14,10 @@ alone).
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 from absl import flags
@@ -51,6 +54,12 @@ def part(op: str) -> str:
   return "other (embeddings, residual adds, ReLU, copies)"
 
 
+def recorded_call(compiled: Callable, index: int, calls: list[int], *args: Any) -> Any:
+  """Runs a compiled program, appending its index to `calls`."""
+  calls.append(index)
+  return compiled(*args)
+
+
 def main(argv: list[str]) -> None:
   cfg = FLAGS.config
   config = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
@@ -67,8 +76,13 @@ def main(argv: list[str]) -> None:
   seconds = time.perf_counter() - t
   print(f"{origin}, beam {FLAGS.beam_size}: {seconds:.2f} s, {sum(lengths) / seconds:,.0f} target "
         f"tokens/s")
-  hlo = "\n".join(compiled.as_text() for compiled in cache.values())
-  ops = traced_ops(decode, hlo)
+  # One compiled program per length bucket, their instruction names overlapping: each call's
+  # program is recorded so that each traced op is read against the program that ran it.
+  programs = list(cache.values())
+  calls: list[int] = []
+  for i, key in enumerate(cache):
+    cache[key] = functools.partial(recorded_call, programs[i], i, calls)
+  ops = traced_ops(decode, [compiled.as_text() for compiled in programs], calls=calls)
   per_op = op_times(ops, 1)
   running = concurrency(ops)
   print("wall time with n ops running: " + ", ".join(

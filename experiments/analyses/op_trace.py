@@ -9,21 +9,23 @@ import gzip
 import json
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 
 
-def traced_ops(run: Callable[[], object], hlo: str, keep_dir: str | None = None) -> list[dict]:
+def traced_ops(run: Callable[[], object], hlo: str | Sequence[str], keep_dir: str | None = None,
+               calls: Sequence[int] | None = None) -> list[dict]:
   """The trace events of XLA's ops while `run()` executes the program whose compiled HLO text is
-  `hlo` (xla_ops). `keep_dir`: write the trace there and keep it (for TensorBoard or Perfetto)
-  rather than in a temporary directory."""
+  `hlo`, or several programs (xla_ops: `calls`, filled in by `run()`, says which ran when).
+  `keep_dir`: write the trace there and keep it (for TensorBoard or Perfetto) rather than in a
+  temporary directory."""
   with tempfile.TemporaryDirectory() as scratch:
     trace_dir = keep_dir or scratch
     jax.profiler.start_trace(trace_dir)
     run()
     jax.profiler.stop_trace()
-    return xla_ops(trace_events(trace_dir), hlo)
+    return xla_ops(trace_events(trace_dir), hlo, calls)
 
 
 def trace_events(trace_dir: str) -> list[dict]:
@@ -32,7 +34,8 @@ def trace_events(trace_dir: str) -> list[dict]:
     return json.load(f)["traceEvents"]
 
 
-def xla_ops(events: list[dict], hlo: str) -> list[dict]:
+def xla_ops(events: list[dict], hlo: str | Sequence[str], calls: Sequence[int] | None = None
+            ) -> list[dict]:
   """XLA's ops among a trace's `events`, each with its JAX op (`op`: the `op_name` metadata it was
   compiled from, layers merged as `layer_*`) beside the trace's thread (`tid`), start (`ts`) and
   duration (`dur`), in µs. On a CPU an op's event is named by its HLO instruction (`fusion.12`); a
@@ -40,22 +43,74 @@ def xla_ops(events: list[dict], hlo: str) -> list[dict]:
   (or, when a CUDA graph ran it, the graph's; then kernel_instruction reads the kernel's name);
   where a trace has such device events, only they count (the host's events for the same ops are
   their launches). The runtime's own events (`PjitFunction(train_step)`,
-  `CommonPjRtLoadedExecutable::...`) enclose the ops they run and are left out."""
-  op_names = dict(re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = .*?metadata=\{op_name=\"([^\"]+)\"", hlo,
-                             re.MULTILINE))
-  instructions = set(re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = ", hlo, re.MULTILINE))
+  `CommonPjRtLoadedExecutable::...`) enclose the ops they run and are left out.
+
+  Several programs (`hlo` a sequence) reuse instruction names (each has its `fusion.12`), so an
+  event is read against the program that ran it: `calls[i]` is the index in `hlo` of the program
+  the i-th execution ran, and a CPU op event's `run_id` names its execution (executions ordered by
+  their first op).
+
+  A fusion that contains matrix products (XLA's CPU backend fuses a layer's products, residual adds
+  and LayerNorm into one YNNPACK graph, named after its last op) is named by its products, joined
+  with ' + ', since they are most of its time."""
+  programs = [hlo] if isinstance(hlo, str) else list(hlo)
+  op_names = [instruction_ops(text) for text in programs]
+  instructions = set(re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = ", "\n".join(programs), re.MULTILINE))
+  program_of = execution_programs(events, calls) if len(programs) > 1 else {}
   device = [e for e in events if e.get("args", {}).get("hlo_op")]
   ops = []
   for event in device or events:
+    if program_of and event.get("args", {}).get("run_id") not in program_of:
+      continue  # not an op of a traced execution
+    names = op_names[program_of.get(event.get("args", {}).get("run_id"), 0)]
     name = event.get("args", {}).get("hlo_op") or event.get("name", "")
     if device and name.startswith("command_buffer"):  # a kernel run by a CUDA graph
       name = kernel_instruction(event["name"], instructions)
-    if event.get("ph") == "X" and (name in op_names or re.fullmatch(r"[a-z_]+(\.\d+)?", name)
+    if event.get("ph") == "X" and (name in names or re.fullmatch(r"[a-z_]+(\.\d+)?", name)
                                    or name.startswith(LIBRARY_KERNEL)):
-      op = op_names.get(name, name)
-      op = re.sub(r"layers?_\d+", "layer_*", re.sub(r"^(jit\([^)]*\)/)+", "", op))
+      op = names.get(name, name)
+      op = re.sub(r"layers?_\d+", "layer_*", re.sub(r"(^| \+ )(jit\([^)]*\)/)+", r"\1", op))
       ops.append({"op": op, "tid": event["tid"], "ts": event["ts"], "dur": event["dur"]})
   return ops
+
+
+def instruction_ops(hlo: str) -> dict[str, str]:
+  """{instruction: the JAX op it was compiled from} of one program's HLO text; a fusion whose
+  computation holds dot instructions maps to their ops (xla_ops)."""
+  ops = dict(re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = .*?metadata=\{op_name=\"([^\"]+)\"", hlo,
+                        re.MULTILINE))
+  products: dict[str, list[str]] = {}
+  computation = None
+  for line in hlo.splitlines():
+    header = re.match(r"^(?:ENTRY )?%?([\w.-]+) .*\{$", line)
+    if header:
+      computation = products.setdefault(header.group(1), [])
+    elif line.startswith("}"):
+      computation = None
+    elif computation is not None and re.search(r"= \S+ dot\(", line):
+      name = re.search(r"op_name=\"([^\"]+)\"", line)
+      if name and name.group(1) not in computation:
+        computation.append(name.group(1))
+  for instruction, called in re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = .*?\bcalls=%([\w.-]+)", hlo,
+                                        re.MULTILINE):
+    if products.get(called):
+      ops[instruction] = " + ".join(products[called])
+  return ops
+
+
+def execution_programs(events: list[dict], calls: Sequence[int] | None) -> dict[str, int]:
+  """{run_id: index of its program}: the traced executions in the order they started, matched to
+  `calls` (the programs' indices in the order they were called)."""
+  starts: dict[str, float] = {}
+  for event in events:
+    run = event.get("args", {}).get("run_id")
+    if run is not None:
+      starts[run] = min(starts.get(run, event["ts"]), event["ts"])
+  runs = sorted(starts, key=starts.get)
+  if calls is None or len(runs) != len(calls):
+    raise ValueError(f"the trace has {len(runs)} executions but {None if calls is None else len(calls)} "
+                     "calls were recorded: pass the index of the program each call ran, in order")
+  return dict(zip(runs, calls))
 
 
 LIBRARY_KERNEL = "library kernel: "
