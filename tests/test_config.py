@@ -53,6 +53,8 @@ def test_default_config_is_valid():
     ("data.source", "wmt", r"config.data.source must be one of"),
     ("model.d_k", -16, r"config.model.d_k must be a non-negative integer, got -16"),
     ("decode.min_len", -1, r"config.decode.min_len must be a non-negative integer, got -1"),
+    ("train.cooldown_steps", 5000, r"config.train.cooldown_steps \(5000\) must be at most "
+     r"config.train.steps \(4800\)"),
 ])
 def test_bad_values_name_the_key(key, value, message):
   c = load("multi30k")

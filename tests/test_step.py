@@ -37,6 +37,15 @@ def test_learning_rate_schedule(step, expected):
   assert float(schedule(step - 1)) == pytest.approx(expected, rel=1e-5)  # optax counts from 0
 
 
+def test_cooldown_falls_linearly_over_the_last_steps_and_leaves_the_rest_alone():
+  paper = learning_rate_schedule(256, 800)
+  cooled = learning_rate_schedule(256, 800, total_steps=4800, cooldown_steps=960)
+  for step in (1, 800, 3000, 3840):  # before the cool-down: the paper's rate
+    assert float(cooled(step - 1)) == pytest.approx(float(paper(step - 1)), rel=1e-6)
+  for step, fraction in ((3841, 960 / 960), (4320, 481 / 960), (4800, 1 / 960)):
+    assert float(cooled(step - 1)) == pytest.approx(256 ** -0.5 * step ** -0.5 * fraction, rel=1e-5)
+
+
 def test_peak_learning_rate_is_at_warmup():
   schedule = learning_rate_schedule(512, 4000, scale=2.0)
   counts = list(range(3900, 4100))

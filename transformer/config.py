@@ -111,6 +111,8 @@ def _train_keys() -> ml_collections.ConfigDict:
   train.steps = 100_000
   train.warmup_steps = 4000
   train.learning_rate = 1.0         # multiplier of d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
+  train.cooldown_steps = 0          # > 0: the rate falls linearly towards 0 over the last this many of
+                                    # train.steps (not in the paper; 0 keeps its schedule).
   train.adam_b1 = 0.9
   train.adam_b2 = 0.98
   train.adam_eps = 1e-9
@@ -212,7 +214,7 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
               "train.checkpoint_every", "train.keep_checkpoints", "decode.beam_size",
               "decode.tokens_per_batch"):
     _positive(cfg, key)
-  for key in ("decode.max_extra_len", "decode.min_len", "model.d_k", "model.d_v"):
+  for key in ("decode.max_extra_len", "decode.min_len", "model.d_k", "model.d_v", "train.cooldown_steps"):
     _positive(cfg, key, allow_zero=True)
   _choice(cfg, "model.positional", POSITIONAL_KINDS)
   _choice(cfg, "model.norm", NORM_KINDS)
@@ -261,6 +263,9 @@ def _check_combinations(cfg: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"config.model.d_model ({cfg.model.d_model}) must be divisible by "
                       f"config.model.num_heads ({cfg.model.num_heads}): d_k = d_model / num_heads "
                       "(or set config.model.d_k and config.model.d_v)")
+  if cfg.train.cooldown_steps > cfg.train.steps:
+    raise ConfigError(f"config.train.cooldown_steps ({cfg.train.cooldown_steps}) must be at most "
+                      f"config.train.steps ({cfg.train.steps}): the cool-down is the end of the run")
   if [cfg.mesh[a] for a in ("data", "fsdp", "tensor")].count(-1) > 1:
     raise ConfigError("only one of config.mesh.data / fsdp / tensor may be -1 (the devices left)")
   if cfg.data.batching == "pack" and cfg.data.pack_length < cfg.data.max_len:

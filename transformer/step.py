@@ -35,17 +35,29 @@ class EmaTrainState(TrainState):
 
 # ------------------------------------------------------------------------------ optimizer and loss
 
-def learning_rate_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
-  """lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), step counted from 1."""
+def learning_rate_schedule(d_model: int, warmup_steps: int, scale: float = 1.0,
+                           total_steps: int = 0, cooldown_steps: int = 0) -> optax.Schedule:
+  """lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), step counted from 1.
+
+  With `cooldown_steps`, the rate is also multiplied by (total_steps - step + 1) / cooldown_steps
+  over the last `cooldown_steps` of `total_steps` (a linear fall to a last update of 1/cooldown of
+  the paper's rate): the end of the run averages out the noise of its last updates, as the paper's
+  checkpoint averaging did.
+  """
   def schedule(count):
     step = jnp.asarray(count, jnp.float32) + 1.0  # optax counts updates from 0
-    return scale * d_model ** -0.5 * jnp.minimum(step ** -0.5, step * warmup_steps ** -1.5)
+    rate = scale * d_model ** -0.5 * jnp.minimum(step ** -0.5, step * warmup_steps ** -1.5)
+    if cooldown_steps:
+      rate *= jnp.clip((total_steps - step + 1.0) / cooldown_steps, 0.0, 1.0)
+    return rate
   return schedule
 
 
 def run_schedule(cfg: ml_collections.ConfigDict) -> optax.Schedule:
-  """The config's learning-rate schedule (`train.learning_rate` scales the paper's)."""
-  return learning_rate_schedule(cfg.model.d_model, cfg.train.warmup_steps, cfg.train.learning_rate)
+  """The config's learning-rate schedule (`train.learning_rate` scales the paper's; a cool-down
+  over the last `train.cooldown_steps`)."""
+  return learning_rate_schedule(cfg.model.d_model, cfg.train.warmup_steps, cfg.train.learning_rate,
+                                cfg.train.steps, cfg.train.cooldown_steps)
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict,
