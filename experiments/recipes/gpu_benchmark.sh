@@ -3,6 +3,8 @@
 # base and big at the paper's 25k target tokens per step, bf16, with each attention kernel and the
 # memory options; one JSON per setting in OUT (default: bench_gpu/), then a summary table. Most
 # important first (a lease may end mid-way); decoding and checkpoint saves on base and big only.
+# On one H200 base and big take ~5 minutes with their decoding and saves, the profile ~2, the whole
+# recipe over 15: a 10-minute call reaches the profile or the first comparison.
 #   bash experiments/recipes/gpu_benchmark.sh [OUT]
 set -uo pipefail
 out=${1:-${OUT:-bench_gpu}}
@@ -25,8 +27,8 @@ python3 -m experiments.analyses.step_profile --config=configs/wmt14_ende.py:base
   --top=25 --trace_dir="$out/base_trace" > "$out/base_profile.txt" 2> "$out/base_profile.log" && grep -v "^    " "$out/base_profile.txt" \
   || tail -3 "$out/base_profile.log"
 # cuDNN's flash attention against ours, alternating in one process (separate processes differ by up
-# to 6%): at rows of 32 tokens ours made the step 0.934x; the flash kernels are for long rows, so the
-# same 25k tokens again in rows of 128 (WMT's buckets reach 256) decide what `auto` should pick.
+# to 8%): at rows of 32 tokens ours made the step 0.934x, at rows of 128 1.107x (one H200, 2026-11-26),
+# which is why `auto` keeps cuDNN (WMT's buckets reach 256). Each comparison takes ~2.5 minutes.
 for len in 32 128; do
   echo "== base_attention_versus_$len"
   python3 -m experiments.analyses.step_profile --config=configs/wmt14_ende.py:base --rows=$((25000 / len)) \
