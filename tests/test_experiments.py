@@ -4,6 +4,7 @@ import csv
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -364,7 +365,7 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   assert [p.stat().st_mtime_ns for p in reports] == stamps  # nothing evaluated twice
   recorded = sorted(p.name for p in (tmp_path / "record").iterdir())
   assert recorded == ["README.md", "bleu.png", "commands.sh", "curves.png", "long.json", "results.csv",
-                      "results.md"]
+                      "results.md", "runs"]
   assert "- command: `transformer-experiment positional" in (tmp_path / "record/README.md").read_text()
   assert (tmp_path / "record/results.md").read_text() == table
 
@@ -381,6 +382,22 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
       assert float(row["long_bleu"]) == pytest.approx(report["sacrebleu"]["bleu"])
       assert report["decode"]["min_len"] == 1
   assert "--min_len=1" in (root / "min_len1/commands.sh").read_text()
+
+  # A fresh checkout holds the record but no workdirs: the kept results (no checkpoints) are
+  # restored, nothing is trained or evaluated again, and the table reads the same.
+  kept = tmp_path / "record/runs/learned/seed0"
+  assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file()) == [
+      "config.json", "eval/long_step6.hyp.txt", "eval/long_step6.json",
+      "eval/validation_step6.hyp.txt", "eval/validation_step6.json", "metrics.jsonl"]
+  assert not list(kept.rglob("checkpoints"))
+  table_csv = (root / "results.csv").read_text()
+  shutil.rmtree(root)
+  fresh = run_experiment(*common, f"--record={tmp_path / 'record'}")
+  assert fresh.returncode == 0, fresh.stderr
+  assert "Restored 2 finished runs" in fresh.stderr
+  assert fresh.stderr.count("evaluated already") == 2
+  assert "training to step" not in fresh.stderr and "evaluating -> " not in fresh.stderr
+  assert (root / "results.csv").read_text() == table_csv
 
 
 @pytest.mark.parametrize("metric", ["sacrebleu", "multi-bleu"])

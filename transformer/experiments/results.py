@@ -1,8 +1,9 @@
 """Collect an experiment's runs into results.csv, a Table-3-style results.md and two figures.
 
 Everything is read back from what the programs wrote in each workdir: config.json, the last
-checkpoint's step, metrics.jsonl ('eval' records for dev perplexity and the loss curve, 'train'
-records for training time, 'summary' for parameters) and transformer-eval's JSON reports and
+checkpoint's step (where the checkpoints are gone, the last one metrics.jsonl records),
+metrics.jsonl ('eval' records for dev perplexity and the loss curve, 'train' records for training
+time, 'summary' for parameters) and transformer-eval's JSON reports and
 translations: BLEU of the last checkpoint's parameters and, for runs that keep one, of their moving
 average; and beside every variant a paired bootstrap test against the first variant, seed by seed
 (transformer/experiments/significance.py).
@@ -73,7 +74,8 @@ def collect(runs: Sequence[Any]) -> list[dict[str, Any]]:
     records = read_metrics(run.workdir)
     summaries = [r for r in records if r["event"] == "summary"]
     row["params"] = summaries[-1]["parameters"] if summaries else analytic_param_count(model)
-    row["steps_done"] = trained_steps(run.workdir)
+    saved = [r["step"] for r in records if r["event"] == "checkpoint"]
+    row["steps_done"] = trained_steps(run.workdir) or max(saved, default=0)  # or a restored run's
     row["finished"] = row["steps_done"] >= cfg.train.steps
     clock = training_clock([r for r in records if r["event"] == "train"])
     row["train_sec"] = round(clock[-1] if clock else 0.0, 1)

@@ -11,6 +11,10 @@ balanced. A run whose last checkpoint reached train.steps is not trained again, 
 resumes from its last checkpoint, and an evaluation whose report exists is not repeated: re-running
 the same command picks up where it stopped. `--print_commands` prints one shell line per run instead,
 for a cluster scheduler; once they have finished, the same command without it collects the results.
+With `--record=DIR` every finished run's results (config, metrics and evaluation reports with their
+translations; not its checkpoints) are also kept in DIR/runs/<variant>/seed<k>/, and a run whose
+results are kept there is restored from them instead of trained again: a grid that takes many
+sessions resumes from the committed record on a fresh checkout.
 
 Output in ROOT: results.csv (one row per run), results.md (the paper's Table 3 layout, mean ± std over
 seeds), curves.png, bleu.png and commands.sh (every run's command line); `--record=DIR` copies them
@@ -26,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -42,7 +47,7 @@ from transformer.config import ConfigError, validate
 from transformer.data import sources
 from transformer.experiments import records, results, test_sets
 from transformer.experiments.grids import Grid, Variant, load_grid
-from transformer.metrics import format_duration
+from transformer.metrics import METRICS_FILE, format_duration
 
 FLAGS = flags.FLAGS
 log = logging.getLogger("transformer")
@@ -141,6 +146,46 @@ def selected(runs: list[Run], grid: Grid, names: list[str] | None) -> list[Run]:
   return [run for run in runs if run.variant.name in wanted]
 
 
+# A finished run's results without its checkpoints (kilobytes, not gigabytes): what collecting the
+# tables reads from a workdir.
+KEPT_FILES = ("config.json", METRICS_FILE, "eval/*.json", "eval/*.hyp.txt")
+
+
+def evaluated(run: Run) -> bool:
+  """Whether every evaluation report of the run exists (its checkpoints may be gone)."""
+  return all(e.report.is_file() for e in run.evals.values())
+
+
+def kept_folder(run: Run, record: Path) -> Path:
+  return record / "runs" / run.variant.name / f"seed{run.seed}"
+
+
+def keep_results(run: Run, record: Path) -> None:
+  """Copies the run's KEPT_FILES into the record, where a fresh checkout finds them."""
+  for pattern in KEPT_FILES:
+    for path in run.workdir.glob(pattern):
+      target = kept_folder(run, record) / path.relative_to(run.workdir)
+      target.parent.mkdir(parents=True, exist_ok=True)
+      shutil.copy2(path, target)
+
+
+def restore_results(runs: list[Run], record: Path) -> int:
+  """Copies kept results back into the workdir of every run not evaluated there (replacing what
+  an unfinished attempt left); returns how many runs are evaluated thanks to them."""
+  restored = 0
+  for run in runs:
+    kept = kept_folder(run, record)
+    if evaluated(run) or not kept.is_dir():
+      continue
+    for path in kept.rglob("*"):
+      if path.is_file():
+        target = run.workdir / path.relative_to(kept)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    restored += evaluated(run)
+  return restored
+
+
 # The console scripts the printed commands use, and the modules this Python runs for them (the same
 # programs, without depending on where pip put the scripts).
 PROGRAMS = {"transformer-train": "transformer.train", "transformer-eval": "transformer.evaluate"}
@@ -156,11 +201,17 @@ def execute(command: list[str], log_file: Path) -> int:
     return subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
 
 
-def run_all(runs: list[Run]) -> list[str]:
-  """Trains and evaluates what is not done yet; returns one line per failed run."""
+def run_all(runs: list[Run], record: Path | None = None) -> list[str]:
+  """Trains and evaluates what is not done yet, keeping each finished run's results in `record`
+  (if given); returns one line per failed run."""
   failures = []
   for i, run in enumerate(runs, 1):
     prefix = f"[{i}/{len(runs)}] {run.label}"
+    if evaluated(run):
+      log.info("%s: evaluated already, skipping training and evaluation", prefix)
+      if record:
+        keep_results(run, record)
+      continue
     done = results.trained_steps(run.workdir)
     if done >= run.config.train.steps:
       log.info("%s: trained (step %d), skipping training", prefix, done)
@@ -186,6 +237,9 @@ def run_all(runs: list[Run]) -> list[str]:
                         f"{run.workdir / 'eval.log'}")
         log.error("%s", failures[-1])
         break
+    else:
+      if record:
+        keep_results(run, record)
   return failures
 
 
@@ -236,7 +290,14 @@ def main(argv: list[str]) -> None:
   if FLAGS.only:
     log.info("--only: running %d of them (%s and the first row); the tables show every run found",
              len(to_run), ", ".join(FLAGS.only))
-  failures = [] if FLAGS.collect_only else run_all(to_run)
+  record = Path(FLAGS.record) if FLAGS.record else None
+  if record and (restored := restore_results(runs, record)):
+    log.info("Restored %d finished runs from %s (results only: their checkpoints are not kept)",
+             restored, record / "runs")
+  failures = [] if FLAGS.collect_only else run_all(to_run, record)
+  if record and FLAGS.collect_only:
+    for run in filter(evaluated, runs):
+      keep_results(run, record)
   table = results.collect(runs)
   references = {"dev": sources.load_split(base.data, base.data.eval_split).target}
   references.update({name: sources.read_lines(f["reference_file"]) for name, f in files.items()})
@@ -249,8 +310,8 @@ def main(argv: list[str]) -> None:
   written.append(commands)
   written += [root / "test_sets" / f"{name}.json" for name in files]  # as test_sets.build stores them
   log.info("Wrote %s", ", ".join(str(p) for p in written))
-  if FLAGS.record:
-    records.record(written, Path(FLAGS.record), f"Experiment `{grid.name}`",
+  if record:
+    records.record(written, record, f"Experiment `{grid.name}`",
                    time.time() - started, ["transformer-experiment", *sys.argv[1:]])
   print((tables / "results.md").read_text())
   if failures:
@@ -273,7 +334,9 @@ def run() -> None:
                        "tokens per translation; 1 rules out the empty one) instead of the config's "
                        "search; the tables go to ROOT/min_len<N>/, beside the default search's.")
   flags.DEFINE_string("record", None, "Also copy the tables, plots, commands and test-set "
-                      "descriptions here, e.g. experiments/results/<name> (the repository's record).")
+                      "descriptions here, e.g. experiments/results/<name> (the repository's record), "
+                      "and keep every finished run's results in its runs/ folder (restored from "
+                      "there on a fresh checkout instead of trained again).")
   run_program("transformer-experiment", main, takes_arguments=True)
 
 
