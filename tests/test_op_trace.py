@@ -120,3 +120,19 @@ def test_the_step_profile_finds_the_vocabulary_projection_by_scope_or_by_its_ein
   assert category("transpose(jvp(Transformer))/Transformer.decode/decoder/btv,vd->btd/dot_general") == vocabulary
   assert category("Transformer.decode/decoder/output_logits/btd,vd->btv/dot_general") == vocabulary
   assert category("Transformer.decode/decoder/layer_*/ffn/wi/dot_general") == "matmul: layers"
+
+
+def test_the_decoding_profile_of_a_trained_run_translates_its_validation_set(tmp_path):
+  from helpers import run_cli, tiny_run_config
+
+  from transformer.train import train_and_evaluate
+  cfg = tiny_run_config(tmp_path, eval_lines=12)
+  cfg.train.steps, cfg.train.eval_every, cfg.train.checkpoint_every = 2, 2, 2
+  train_and_evaluate(cfg, str(tmp_path / "run"))
+  done = run_cli("experiments.analyses.decode_profile", f"--workdir={tmp_path / 'run'}",
+                 "--beam_size=2", "--top=3")
+  assert done.returncode == 0, done.stderr
+  assert f"sentences of {tmp_path / 'run'} (stopping at EOS), beam 2: 12 sentences in" in done.stdout
+  shares = [int(line.rsplit("|", 2)[1].strip(" %")) for line in done.stdout.splitlines()
+            if line.startswith("| ") and line.endswith("% |")]
+  assert "| matmul: layers |" in done.stdout and 97 <= sum(shares) <= 103  # rounded shares

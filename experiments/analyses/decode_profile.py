@@ -3,10 +3,13 @@ summed by the code they come from.
 
     python -m experiments.analyses.decode_profile --config=configs/multi30k.py \
         --config.model.num_layers=3 [--beam_size=4] [--top=25]
+    python -m experiments.analyses.decode_profile --workdir=RUN [--beam_size=4]
 
 Decodes transformer-benchmark's synthetic workload (1,000 sources of 8-24 tokens, each to its own
-length; untrained parameters) through translator.search_ids as transformer-eval does, once to
-compile, once timed, once traced; maps each executed XLA op to the JAX operation it was compiled from
+length; untrained parameters) through translator.search_ids as transformer-eval does; or, with
+`--workdir`, what a user runs: a trained run's moving average translating its validation sentences
+text to text with the run's own search (stopping at EOS; translator.translate). Once to compile,
+once timed, once traced; maps each executed XLA op to the JAX operation it was compiled from
 (op_trace.traced_ops) and sums op time by part of the search. Op time is summed over XLA's
 threads; read the shares, and the wall time during which no op or one op ran (the cores idle or
 alone).
@@ -27,10 +30,14 @@ from experiments.analyses.op_trace import concurrency, op_times, print_breakdown
 from transformer import translator
 from transformer.benchmark import synthetic_workload
 from transformer.cli import run_program
+from transformer.data import sources
 from transformer.model import ModelConfig, Transformer, initial_params
+from transformer.runs import load_run
 
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Run config to profile.")
 flags.DEFINE_integer("beam_size", 4, "Beam size (1 = greedy).")
+flags.DEFINE_string("workdir", None, "Profile this trained run (its moving average, validation "
+                    "sentences, its search settings) instead of --config's synthetic workload.")
 flags.DEFINE_integer("top", 20, "Also list this many single operations with the most time.")
 FLAGS = flags.FLAGS
 
@@ -60,22 +67,40 @@ def recorded_call(compiled: Callable, index: int, calls: list[int], *args: Any) 
   return compiled(*args)
 
 
-def main(argv: list[str]) -> None:
+def synthetic_decode(cache: dict) -> tuple[Callable[[], Any], str]:
+  """--config's model, untrained, decoding the synthetic workload to its lengths."""
   cfg = FLAGS.config
   config = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
   model = Transformer(config)
   params = initial_params(model, jax.random.key(0))
   src, lengths, origin = synthetic_workload(1000, 16, config.vocab_size)
   settings = translator.SearchSettings.from_config(cfg, beam_size=FLAGS.beam_size)
-  cache: dict = {}
   decode = lambda: translator.search_ids(model, params, src, settings, cfg.data.max_len, cache,
-                                         lengths)
+                                         lengths)[1]
+  return decode, origin
+
+
+def trained_decode(cache: dict) -> tuple[Callable[[], Any], str]:
+  """The --workdir run's moving average translating its validation sentences, text to text."""
+  run = load_run(FLAGS.workdir)
+  cfg = run.config
+  split = sources.load_split(cfg.data, cfg.data.eval_split)
+  settings = translator.SearchSettings.from_config(cfg, beam_size=FLAGS.beam_size)
+  decode = lambda: translator.translate(run.model, run.params(True), run.vocab, split.source,
+                                        settings, cfg.data.max_len, cache).stats
+  return decode, f"{split.name} sentences of {FLAGS.workdir} (stopping at EOS)"
+
+
+def main(argv: list[str]) -> None:
+  cache: dict = {}
+  decode, origin = trained_decode(cache) if FLAGS.workdir else synthetic_decode(cache)
   decode()  # compile
   t = time.perf_counter()
-  decode()
+  stats = decode()
   seconds = time.perf_counter() - t
-  print(f"{origin}, beam {FLAGS.beam_size}: {seconds:.2f} s, {sum(lengths) / seconds:,.0f} target "
-        f"tokens/s")
+  print(f"{origin}, beam {FLAGS.beam_size}: {stats['sentences']} sentences in {seconds:.2f} s, "
+        f"{stats['sentences'] / seconds:,.0f} sentences/s, "
+        f"{stats['target_tokens'] / seconds:,.0f} target tokens/s")
   # One compiled program per length bucket, their instruction names overlapping: each call's
   # program is recorded so that each traced op is read against the program that ran it.
   programs = list(cache.values())
