@@ -132,7 +132,7 @@ def test_the_decoding_profile_of_a_trained_run_translates_its_validation_set(tmp
   done = run_cli("experiments.analyses.decode_profile", f"--workdir={tmp_path / 'run'}",
                  "--beam_size=2", "--top=3")
   assert done.returncode == 0, done.stderr
-  assert f"sentences of {tmp_path / 'run'} (stopping at EOS), beam 2: 12 sentences in" in done.stdout
+  assert f"validation sentences of {tmp_path / 'run'} (stopping at EOS), beam 2: 12 sentences in" in done.stdout
   shares = [int(line.rsplit("|", 2)[1].strip(" %")) for line in done.stdout.splitlines()
             if line.startswith("| ") and line.endswith("% |")]
   assert "| matmul: layers |" in done.stdout and 97 <= sum(shares) <= 103  # rounded shares

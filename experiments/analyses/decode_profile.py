@@ -88,7 +88,7 @@ def trained_decode(cache: dict) -> tuple[Callable[[], Any], str]:
   settings = translator.SearchSettings.from_config(cfg, beam_size=FLAGS.beam_size)
   decode = lambda: translator.translate(run.model, run.params(True), run.vocab, split.source,
                                         settings, cfg.data.max_len, cache).stats
-  return decode, f"{split.name} sentences of {FLAGS.workdir} (stopping at EOS)"
+  return decode, f"{cfg.data.eval_split} sentences of {FLAGS.workdir} (stopping at EOS)"
 
 
 def main(argv: list[str]) -> None:
