@@ -5,13 +5,17 @@
 # important first (a lease may end mid-way); decoding and checkpoint saves on base and big only.
 # On one H200 base and big take ~5 minutes with their decoding and saves, the profile ~2, the whole
 # recipe over 15: a 10-minute call reaches the profile or the first comparison.
-#   bash experiments/recipes/gpu_benchmark.sh [OUT]
+#   bash experiments/recipes/gpu_benchmark.sh [OUT [PART...]]
+# PARTs name what to run (default: all), e.g. `big big_remat_dots big_accum2 big_scan` for the memory options.
 set -uo pipefail
 out=${1:-${OUT:-bench_gpu}}
+parts=" ${*:2} "
+want() { [[ "$parts" == "  " || "$parts" == *" $1 "* ]]; }
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
 bench() {  # NAME CONFIG FLAGS...
   local name=$1 config=$2; shift 2
+  want "$name" || return 0
   echo "== $name"
   python3 -m transformer.benchmark --config="$config" --batch_tokens=25000 --seq_len=32 \
     --steps=20 --warmup=5 --decode_sentences=0 --measure_peak --checkpoint_saves=0 \
@@ -22,14 +26,17 @@ bench base configs/wmt14_ende.py:base --checkpoint_saves=3 --decode_sentences=-1
 bench big configs/wmt14_ende.py:big --checkpoint_saves=3 --decode_sentences=-1
 # Where base's step goes (the measured step is 1.8x the compiled prediction): GPU kernels summed by
 # the model code they come from; the trace is kept in base_trace/ for TensorBoard or Perfetto.
-echo "== base_profile"
-python3 -m experiments.analyses.step_profile --config=configs/wmt14_ende.py:base --rows=781 --seq_len=32 \
-  --top=25 --trace_dir="$out/base_trace" > "$out/base_profile.txt" 2> "$out/base_profile.log" && grep -v "^    " "$out/base_profile.txt" \
-  || tail -3 "$out/base_profile.log"
+if want base_profile; then
+  echo "== base_profile"
+  python3 -m experiments.analyses.step_profile --config=configs/wmt14_ende.py:base --rows=781 --seq_len=32 \
+    --top=25 --trace_dir="$out/base_trace" > "$out/base_profile.txt" 2> "$out/base_profile.log" \
+    && grep -v "^    " "$out/base_profile.txt" || tail -3 "$out/base_profile.log"
+fi
 # cuDNN's flash attention against ours, alternating in one process (separate processes differ by up
-# to 8%): at rows of 32 tokens ours made the step 0.934x, at rows of 128 1.107x (one H200, 2026-11-26),
+# to 8%): at rows of 32 tokens ours made the step 0.934x, at 64 1.022x, at 128 1.107x (one H200, 2026-11-26),
 # which is why `auto` keeps cuDNN (WMT's buckets reach 256). Each comparison takes ~2.5 minutes.
 for len in 32 128; do
+  want "base_attention_versus_$len" || continue
   echo "== base_attention_versus_$len"
   python3 -m experiments.analyses.step_profile --config=configs/wmt14_ende.py:base --rows=$((25000 / len)) \
     --seq_len=$len --versus=model.attention=reference --rounds=6 2> "$out/base_attention_versus_$len.log" \
