@@ -398,6 +398,12 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   assert fresh.stderr.count("evaluated already") == 2
   assert "training to step" not in fresh.stderr and "evaluating -> " not in fresh.stderr
   assert (root / "results.csv").read_text() == table_csv
+  # Their checkpoints are gone, so a new evaluation of them fails clearly instead of retraining.
+  again = run_experiment(*common, f"--record={tmp_path / 'record'}", "--min_len=1")
+  assert again.returncode != 0 and "training to step" not in again.stderr
+  assert ("learned seed 0: its results were restored from the record without checkpoints, so it "
+          "cannot be evaluated again (validation_step6_min1.json") in again.stderr
+  assert not list(root.rglob("checkpoints"))
 
 
 @pytest.mark.parametrize("metric", ["sacrebleu", "multi-bleu"])

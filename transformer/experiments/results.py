@@ -57,6 +57,12 @@ def trained_steps(workdir: Path) -> int:
   return max(steps, default=0)
 
 
+def recorded_steps(workdir: Path) -> int:
+  """The last step whose checkpoint the run's metrics.jsonl records as saved (0 if none): what a
+  run restored from a record (its results without checkpoints) reached."""
+  return max((r["step"] for r in read_metrics(workdir, "checkpoint")), default=0)
+
+
 def _report(path: Path) -> dict[str, Any] | None:
   return json.loads(path.read_text()) if path.is_file() else None
 
@@ -74,8 +80,7 @@ def collect(runs: Sequence[Any]) -> list[dict[str, Any]]:
     records = read_metrics(run.workdir)
     summaries = [r for r in records if r["event"] == "summary"]
     row["params"] = summaries[-1]["parameters"] if summaries else analytic_param_count(model)
-    saved = [r["step"] for r in records if r["event"] == "checkpoint"]
-    row["steps_done"] = trained_steps(run.workdir) or max(saved, default=0)  # or a restored run's
+    row["steps_done"] = trained_steps(run.workdir) or recorded_steps(run.workdir)  # or a restored run's
     row["finished"] = row["steps_done"] >= cfg.train.steps
     clock = training_clock([r for r in records if r["event"] == "train"])
     row["train_sec"] = round(clock[-1] if clock else 0.0, 1)

@@ -156,6 +156,11 @@ def evaluated(run: Run) -> bool:
   return all(e.report.is_file() for e in run.evals.values())
 
 
+def missing(run: Run) -> list[str]:
+  """The names of the run's evaluation reports that do not exist yet."""
+  return [e.report.name for e in run.evals.values() if not e.report.is_file()]
+
+
 def kept_folder(run: Run, record: Path) -> Path:
   return record / "runs" / run.variant.name / f"seed{run.seed}"
 
@@ -213,6 +218,12 @@ def run_all(runs: list[Run], record: Path | None = None) -> list[str]:
         keep_results(run, record)
       continue
     done = results.trained_steps(run.workdir)
+    if done < run.config.train.steps <= results.recorded_steps(run.workdir):
+      failures.append(f"{run.label}: its results were restored from the record without checkpoints, "
+                      f"so it cannot be evaluated again ({', '.join(missing(run))}); evaluate it on "
+                      f"the machine that trained it, or delete {run.workdir} to train it again")
+      log.error("%s", failures[-1])
+      continue
     if done >= run.config.train.steps:
       log.info("%s: trained (step %d), skipping training", prefix, done)
     else:
