@@ -312,6 +312,16 @@ def check_results(root, long_info):
   return rows
 
 
+def test_a_records_kept_runs_are_committed_while_workdirs_are_ignored():
+  def ignored(path):
+    status = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO).returncode
+    if status == 128:
+      pytest.skip("not a git checkout")
+    return status == 0
+  assert ignored("runs/m30k/metrics.jsonl")
+  assert not ignored("experiments/results/a_grid/runs/base/seed0/metrics.jsonl")
+
+
 def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   config = write_short_sentence_config(tmp_path)
   root = tmp_path / "exp"
