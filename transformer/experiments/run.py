@@ -151,14 +151,14 @@ def selected(runs: list[Run], grid: Grid, names: list[str] | None) -> list[Run]:
 KEPT_FILES = ("config.json", METRICS_FILE, "eval/*.json", "eval/*.hyp.txt")
 
 
-def evaluated(run: Run) -> bool:
-  """Whether every evaluation report of the run exists (its checkpoints may be gone)."""
-  return all(e.report.is_file() for e in run.evals.values())
-
-
 def missing(run: Run) -> list[str]:
   """The names of the run's evaluation reports that do not exist yet."""
   return [e.report.name for e in run.evals.values() if not e.report.is_file()]
+
+
+def evaluated(run: Run) -> bool:
+  """Whether every evaluation report of the run exists (its checkpoints may be gone)."""
+  return not missing(run)
 
 
 def kept_folder(run: Run, record: Path) -> Path:
