@@ -47,6 +47,7 @@ def test_default_config_is_valid():
     ("data.tokens_per_batch", -100, r"config.data.tokens_per_batch must be a positive integer, got -100"),
     ("model.dropout", 1.5, r"config.model.dropout must be a number in \[0, 1\), got 1.5"),
     ("train.label_smoothing", -0.1, r"config.train.label_smoothing must be a number in \[0, 1\)"),
+    ("data.subword_dropout", 1.0, r"config.data.subword_dropout must be a number in \[0, 1\), got 1.0"),
     ("train.ema_decay", 1.0, r"config.train.ema_decay must be a number in \[0, 1\), got 1.0"),
     ("train.warmup_steps", -1, r"config.train.warmup_steps must be a positive integer"),
     ("model.dtype", "float8", r"config.model.dtype must be one of"),
@@ -72,6 +73,15 @@ def test_explicit_head_widths_lift_the_divisibility_rule():
   validate(c)
   c.model.d_v = 0  # d_v = d_model / num_heads again
   with pytest.raises(ConfigError, match="or set config.model.d_k and config.model.d_v"):
+    validate(c)
+
+
+def test_subword_dropout_needs_a_bpe_vocabulary():
+  c = load("multi30k")
+  c.data.subword_dropout = 0.1
+  validate(c)
+  c.data.vocab_model_type = "unigram"
+  with pytest.raises(ConfigError, match="subword_dropout needs a BPE vocabulary .* is 'unigram'"):
     validate(c)
 
 

@@ -6,8 +6,10 @@ import re
 import numpy as np
 import pytest
 
+from transformer.config import base_config
 from transformer.data import batching, pipeline, sources
-from transformer.model import PAD_ID
+from transformer.data import vocab as vocab_lib
+from transformer.model import EOS_ID, PAD_ID
 
 
 class WordVocab:
@@ -173,3 +175,48 @@ def test_drop_counts_are_logged_once(caplog):
                        r"48 tokens \(first window: 60 pairs read\)", lines[0])
   kept, empty, long = map(int, match.groups())
   assert kept + empty + long == 60 and 0 < long < empty  # a quarter too long, half empty
+
+
+# ------------------------------------------------------------------- BPE-dropout (real SentencePiece)
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory):
+  text = sources.load_split(base_config().data, "train")
+  path = tmp_path_factory.mktemp("bpe") / vocab_lib.VOCAB_FILE
+  return vocab_lib.train_vocab(text.source[:3000] + text.target[:3000], path, 1000), \
+      sources.ParallelText(text.source[:300], text.target[:300], "multi30k[:300]")
+
+
+def real(vocab, text, dropout, window=120):
+  spec = pipeline.BatchSpec(tokens_per_batch=1024, max_len=128, max_ratio=0, row_multiple=2)
+  return pipeline.InputPipeline(text, vocab, spec, seed=5, window_size=window,
+                                subword_dropout=dropout)
+
+
+def segmented(p, epoch):
+  """Every training sentence of an epoch as its token ids, in reading order of the window."""
+  windows = [p.local_window(epoch, w).pairs for w in range(p.num_windows)]
+  return [ids.tolist() for pairs in windows for ids in pairs.source + pairs.target]
+
+
+def test_subword_dropout_samples_segmentations_of_the_same_text(bpe):
+  vocab, text = bpe
+  plain, sampled = segmented(real(vocab, text, 0.0), 0), segmented(real(vocab, text, 0.1), 0)
+  eos = lambda ids: [i for i in ids if i != EOS_ID]
+  assert [vocab.decode(eos(ids)) for ids in sampled] == [vocab.decode(eos(ids)) for ids in plain]
+  changed = sum(a != b for a, b in zip(plain, sampled))
+  assert changed > len(plain) // 3  # p = 0.1 per merge: most sentences get another segmentation
+  assert sum(map(len, sampled)) > 1.1 * sum(map(len, plain))  # skipped merges leave more pieces
+  assert segmented(real(vocab, text, 0.1), 1) != sampled  # a new sample every epoch
+
+
+def test_subword_dropout_is_a_function_of_seed_and_position(bpe):
+  """Two pipelines, one resumed mid-epoch, see the same sampled pieces batch for batch."""
+  vocab, text = bpe
+  full = list(itertools.islice(real(vocab, text, 0.1).batches(), 40))
+  assert len({s.epoch for _, s in full}) > 1
+  for cut in (3, 17):
+    resumed = list(itertools.islice(real(vocab, text, 0.1).batches(full[cut - 1][1]), 40 - cut))
+    for (a, _), (b, _) in zip(full[cut:], resumed):
+      for k in a:
+        np.testing.assert_array_equal(a[k], b[k])

@@ -93,6 +93,8 @@ def _data_keys() -> ml_collections.ConfigDict:
   data.vocab_size = 37000           # shared SentencePiece vocabulary.
   data.vocab_model_type = "bpe"
   data.vocab_normalization = "identity"  # text as given; 'nmt_nfkc_cf': NFKC and lowercased.
+  data.subword_dropout = 0.0        # BPE-dropout while training: each merge skipped with this
+                                    # probability (Provilkov et al., 2020); evaluation never samples.
   data.vocab_sample_sentences = 1_000_000  # training pairs sampled uniformly to train it.
   data.vocab_cache_dir = ""         # '' = $XDG_CACHE_HOME/transformer/vocab (~/.cache/...).
   data.max_len = 256                # longer training pairs (in subword tokens) are dropped,
@@ -239,7 +241,7 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
   if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or (ratio != 0 and ratio < 1):
     raise ConfigError(f"config.data.max_length_ratio must be >= 1 (or 0 to keep every ratio), "
                       f"got {ratio!r}")
-  for key in ("model.dropout", "model.attention_dropout", "train.label_smoothing"):
+  for key in ("model.dropout", "model.attention_dropout", "train.label_smoothing", "data.subword_dropout"):
     _probability(cfg, key)
   minutes = cfg.train.checkpoint_minutes
   if not isinstance(minutes, (int, float)) or isinstance(minutes, bool) or minutes < 0:
@@ -266,6 +268,9 @@ def _check_combinations(cfg: ml_collections.ConfigDict) -> None:
   if cfg.train.cooldown_steps > cfg.train.steps:
     raise ConfigError(f"config.train.cooldown_steps ({cfg.train.cooldown_steps}) must be at most "
                       f"config.train.steps ({cfg.train.steps}): the cool-down is the end of the run")
+  if cfg.data.subword_dropout and cfg.data.vocab_model_type != "bpe":
+    raise ConfigError(f"config.data.subword_dropout needs a BPE vocabulary (it is BPE-dropout); "
+                      f"config.data.vocab_model_type is {cfg.data.vocab_model_type!r}")
   if [cfg.mesh[a] for a in ("data", "fsdp", "tensor")].count(-1) > 1:
     raise ConfigError("only one of config.mesh.data / fsdp / tensor may be -1 (the devices left)")
   if cfg.data.batching == "pack" and cfg.data.pack_length < cfg.data.max_len:

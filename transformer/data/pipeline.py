@@ -113,8 +113,8 @@ class InputPipeline:
 
   def __init__(self, source: PairSource, vocab: spm.SentencePieceProcessor, spec: BatchSpec, *,
                seed: int = 0, shuffle: bool = True, repeat: bool = True,
-               window_size: int = 200_000, process_index: int | None = None,
-               process_count: int | None = None,
+               window_size: int = 200_000, subword_dropout: float = 0.0,
+               process_index: int | None = None, process_count: int | None = None,
                agree: Callable[[np.ndarray], np.ndarray] = max_over_processes,
                prefetch_windows: int = 2):
     if spec.mode not in BATCHING_MODES:
@@ -123,6 +123,7 @@ class InputPipeline:
       raise DataError(f"{source.name} has no sentence pairs")
     self.source, self.vocab, self.spec = source, vocab, spec
     self.seed, self.shuffle, self.repeat = seed, shuffle, repeat
+    self.subword_dropout = subword_dropout
     self.process_index = jax.process_index() if process_index is None else process_index
     self.process_count = jax.process_count() if process_count is None else process_count
     if spec.row_multiple % self.process_count:
@@ -159,8 +160,8 @@ class InputPipeline:
     for i in range(0, len(src_text), ENCODE_CHUNK):
       if stop is not None and stop.is_set():
         return None
-      src_ids += self.vocab.encode(src_text[i:i + ENCODE_CHUNK], num_threads=os.cpu_count() or 1)
-      tgt_ids += self.vocab.encode(tgt_text[i:i + ENCODE_CHUNK], num_threads=os.cpu_count() or 1)
+      src_ids += self._encode(src_text[i:i + ENCODE_CHUNK], [epoch, window, i, 0])
+      tgt_ids += self._encode(tgt_text[i:i + ENCODE_CHUNK], [epoch, window, i, 1])
     pairs = batching.filter_pairs(src_ids, tgt_ids, self.spec.max_len, self.spec.max_ratio)
     local_rows = lambda length: self.spec.global_rows(length) // self.process_count
     if self.spec.mode == "pack":
@@ -174,6 +175,22 @@ class InputPipeline:
         n = local_rows(length)
         batches[length] = [members[i:i + n].tolist() for i in range(0, len(members), n)]
     return LocalWindow(pairs, batches, read=len(indices))
+
+  def _encode(self, texts: list[str], where: list[int]) -> list[list[int]]:
+    """Token ids of `texts`; with subword dropout, a sampled segmentation fixed by seed and `where`.
+
+    BPE-dropout (Provilkov et al., 2020) is SentencePiece's own sampling: each merge is skipped with
+    probability `subword_dropout`, so one word reaches the model in several segmentations. SentencePiece
+    restarts its sampler from the global seed at every batched call, so one thread and a seed per call
+    (epoch, window, chunk, side) make the pieces a pure function of the position: a resumed run sees
+    the same ones (tests/test_pipeline.py checks it with the real library).
+    """
+    if not self.subword_dropout:
+      return self.vocab.encode(texts, num_threads=os.cpu_count() or 1)
+    spm.set_random_generator_seed(int(np.random.default_rng(
+        [self.seed, self.process_index, *where]).integers(2**31)))
+    return self.vocab.encode(texts, enable_sampling=True, alpha=self.subword_dropout, nbest_size=-1,
+                             num_threads=1)
 
   def window_plan(self, epoch: int, window: int, local: LocalWindow) -> list[tuple[int, int]]:
     """(length, k) of every batch of the window in the order used; the same on every process."""
@@ -297,14 +314,16 @@ def training_inputs(cfg: ml_collections.ConfigDict, workdir: Path, num_devices: 
                                                                      train_source, cfg.seed))
   spec = BatchSpec.for_training(cfg, num_devices)
   train_pipeline = InputPipeline(train_source, vocab, spec, seed=cfg.seed,
-                                 window_size=cfg.data.shuffle_window)
+                                 window_size=cfg.data.shuffle_window,
+                                 subword_dropout=cfg.data.subword_dropout)
   eval_spec = dataclasses.replace(spec, mode="bucket", max_ratio=0, row_multiple=num_devices)
   eval_pipeline = InputPipeline(eval_source, vocab, eval_spec, shuffle=False, repeat=False,
                                 window_size=len(eval_source))
   eval_batches = [batch for batch, _ in eval_pipeline.batches()]
   log.info("Data: %s training pairs (%s), %s validation pairs in %d batches; vocabulary %d; "
-           "%s batches of ~%d tokens per side%s", f"{len(train_source):,}", train_source.name,
+           "%s batches of ~%d tokens per side%s%s", f"{len(train_source):,}", train_source.name,
            f"{len(eval_source):,}", len(eval_batches), vocab.get_piece_size(), cfg.data.batching,
            cfg.data.tokens_per_batch,
-           f" in {cfg.train.grad_accum_steps} micro-batches" if cfg.train.grad_accum_steps > 1 else "")
+           f" in {cfg.train.grad_accum_steps} micro-batches" if cfg.train.grad_accum_steps > 1 else "",
+           f"; BPE-dropout {cfg.data.subword_dropout:g}" if cfg.data.subword_dropout else "")
   return vocab, train_pipeline, eval_batches
