@@ -27,6 +27,17 @@ def rng():
   return np.random.default_rng(0)
 
 
+@pytest.fixture(scope="session")
+def small_vocab(tmp_path_factory):
+  """(a 500-piece BPE SentencePiece model of the bundled Multi30k's first 2,000 pairs, its path)."""
+  from transformer.config import base_config
+  from transformer.data import sources
+  from transformer.data import vocab as vocab_lib
+  text = sources.load_split(base_config().data, "train")
+  path = tmp_path_factory.mktemp("vocab") / vocab_lib.VOCAB_FILE
+  return vocab_lib.train_vocab(text.source[:2000] + text.target[:2000], path, 500), path
+
+
 def pytest_unconfigure(config):
   shutil.rmtree(XLA_CACHE, ignore_errors=True)
 

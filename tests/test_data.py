@@ -60,13 +60,6 @@ def test_missing_file_and_gzip(tmp_path):
   assert sources.read_lines(tmp_path / "x.gz") == ["Grüße", "zwei"]
 
 
-@pytest.fixture(scope="module")
-def small_vocab(tmp_path_factory):
-  text = sources.load_split(base_config().data, "train")
-  path = tmp_path_factory.mktemp("vocab") / vocab_lib.VOCAB_FILE
-  return vocab_lib.train_vocab(text.source[:2000] + text.target[:2000], path, 500), path
-
-
 def test_vocabulary_special_ids_and_round_trip(small_vocab):
   vocab, _ = small_vocab
   assert vocab.get_piece_size() == 500
