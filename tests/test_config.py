@@ -51,6 +51,7 @@ def test_default_config_is_valid():
     ("train.ema_decay", 1.0, r"config.train.ema_decay must be a number in \[0, 1\), got 1.0"),
     ("train.warmup_steps", -1, r"config.train.warmup_steps must be a positive integer"),
     ("model.dtype", "float8", r"config.model.dtype must be one of"),
+    ("model.matmul_dtype", "float16", r"config.model.matmul_dtype must be one of 'float32', 'bfloat16'"),
     ("data.source", "wmt", r"config.data.source must be one of"),
     ("model.d_k", -16, r"config.model.d_k must be a non-negative integer, got -16"),
     ("decode.min_len", -1, r"config.decode.min_len must be a non-negative integer, got -1"),

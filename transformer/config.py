@@ -59,6 +59,7 @@ def _model_keys() -> ml_collections.ConfigDict:
   model.share_embeddings = True     # source, target and pre-softmax matrices are one.
   model.max_len = 256               # table size of learned positions; longest sequence trained.
   model.dtype = "float32"           # activation dtype; parameters, logits and loss stay float32.
+  model.matmul_dtype = "float32"    # 'bfloat16': the products' inputs rounded to bf16, sums float32.
   model.attention = "auto"          # 'auto': cuDNN flash attention on GPUs, XLA elsewhere; or 'xla',
                                     # 'cudnn', 'reference' (ours; always used for attention dropout).
   model.remat = "none"              # 'full' / 'dots': recompute each layer in the backward pass.
@@ -221,6 +222,7 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
   _choice(cfg, "model.positional", POSITIONAL_KINDS)
   _choice(cfg, "model.norm", NORM_KINDS)
   _choice(cfg, "model.dtype", DTYPES)
+  _choice(cfg, "model.matmul_dtype", MATMUL_DTYPES)
   _choice(cfg, "decode.matmul_dtype", MATMUL_DTYPES)
   _choice(cfg, "data.source", DATA_SOURCES)
   _choice(cfg, "train.dropout_rng", RNG_IMPLS)

@@ -32,6 +32,7 @@ import ml_collections
 
 from transformer import kv_cache, partitioning
 from transformer.attention import SEQUENCE, Keys, attention, attention_kernel
+from transformer.products import low_precision_dot_general
 from transformer.projection import output_logits
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
@@ -59,13 +60,14 @@ class ModelConfig:
   attention: str  # 'auto' | 'xla' | 'cudnn' | 'reference' (see attention_kernel)
   remat: str      # 'none' | 'full' | 'dots': what the backward pass recomputes per layer
   scan_layers: bool
-  matmul_dtype: Any = None  # quantised decoding (bf16): weights and products' inputs in it, sums not
+  matmul_dtype: Any = None  # bf16: the products' inputs in it, sums not (training or decoding)
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
     """Builds the model config from a run config's `model` section and the vocabulary size."""
     fields = {f.name for f in dataclasses.fields(cls)} - {"vocab_size", "dtype", "matmul_dtype"}
     return cls(vocab_size=vocab_size, dtype=jnp.dtype(model.dtype),
+               matmul_dtype=None if model.matmul_dtype == "float32" else jnp.dtype(model.matmul_dtype),
                **{name: model[name] for name in fields})
 
   @property
@@ -220,14 +222,13 @@ class FeedForward(nn.Module):
 
 
 def matmul(config: ModelConfig) -> Callable:
-  """The layers' matrix product: lax.dot_general, or with `matmul_dtype` (bf16 weights) its
-  operands in that dtype and its sums in the activation dtype, so only the products' inputs are
-  rounded (on CPUs with AVX512-BF16 about twice the float32 speed)."""
+  """The layers' matrix product: lax.dot_general, or with `matmul_dtype` (bf16) its operands in
+  that dtype and its sums in the activation dtype, forward and backward (products.py), so only the
+  products' inputs are rounded (on CPUs with AMX or AVX512-BF16 several times the float32 speed)."""
   if config.matmul_dtype is None:
     return jax.lax.dot_general
   def dot_general(x, kernel, dimensions, precision=None, preferred_element_type=None):
-    return jax.lax.dot_general(x.astype(config.matmul_dtype), kernel.astype(config.matmul_dtype),
-                               dimensions, precision=precision, preferred_element_type=x.dtype)
+    return low_precision_dot_general(x, kernel, dimensions, config.matmul_dtype)
   return dot_general
 
 
@@ -379,9 +380,11 @@ class Decoder(nn.Module):
       matrix = self.param("output_embedding",
                           _init(nn.initializers.normal(cfg.d_model ** -0.5), "vocab", "embed"),
                           (cfg.vocab_size, cfg.d_model))
-    dtype = cfg.matmul_dtype or cfg.dtype
-    return constrain(output_logits(x.astype(dtype), jnp.asarray(matrix, dtype)), "batch", "length",
-                     "act_vocab")
+    if cfg.matmul_dtype is None:
+      logits = output_logits(x.astype(cfg.dtype), jnp.asarray(matrix, cfg.dtype))
+    else:  # the matrix as stored: float32 in training, bf16 for quantised decoding
+      logits = output_logits(x.astype(cfg.dtype), matrix, cfg.matmul_dtype)
+    return constrain(logits, "batch", "length", "act_vocab")
 
 
 # -------------------------------------------------------------------------------------------- model

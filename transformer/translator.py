@@ -223,8 +223,8 @@ def with_matmul_dtype(models: Sequence[Transformer], params: Any, dtype: str
   """Quantised decoding: the models' weight matrices (dense kernels, token and output embeddings)
   stored in `dtype`, cast once here, and their products taking `dtype` operands (model.matmul);
   activations, sums, biases, LayerNorm and learned positions stay float32."""
-  if dtype == "float32":
-    return tuple(models), params
+  if dtype == "float32":  # whatever the products were trained with (model.matmul_dtype)
+    return tuple(m.clone(config=dataclasses.replace(m.config, matmul_dtype=None)) for m in models), params
   dtype = jnp.dtype(dtype)
   models = tuple(m.clone(config=dataclasses.replace(m.config, matmul_dtype=dtype)) for m in models)
 
