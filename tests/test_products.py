@@ -22,7 +22,7 @@ HEADS_IN = (((2,), (0,)), ((), ()))       # [B, T, K] x [K, H, d]: query, key, v
 
 def bf16(x) -> np.ndarray:
   """x rounded to bf16, as float64."""
-  return np.asarray(jnp.asarray(x, jnp.float32).astype(jnp.bfloat16).astype(jnp.float64))
+  return np.asarray(jnp.asarray(x, jnp.float32).astype(jnp.bfloat16).astype(jnp.float32), np.float64)
 
 
 @pytest.mark.parametrize("x_shape, kernel_shape, dimensions", [
