@@ -8,7 +8,7 @@ AMX or AVX512-BF16, XLA runs such a product at several times the float32 rate wh
 the tokens, the major axis of both operands) as float32 after converting its operands, which is
 slower than float32 alone. So the backward pass is written out: the input's gradient multiplies the
 gradient rounded to bf16 by the bf16 kernel, and the kernel's gradient multiplies the float32
-input by the float32 gradient. tests/test_products.py checks both against autodiff.
+input by the float32 gradient. tests/test_products.py checks both against numpy.
 """
 
 from __future__ import annotations
