@@ -122,17 +122,46 @@ def test_the_step_profile_finds_the_vocabulary_projection_by_scope_or_by_its_ein
   assert category("Transformer.decode/decoder/layer_*/ffn/wi/dot_general") == "matmul: layers"
 
 
-def test_the_decoding_profile_of_a_trained_run_translates_its_validation_set(tmp_path):
-  from helpers import run_cli, tiny_run_config
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+  """A tiny run trained for 2 steps, with 12 validation sentences."""
+  from helpers import tiny_run_config
 
   from transformer.train import train_and_evaluate
+  tmp_path = tmp_path_factory.mktemp("trained")
   cfg = tiny_run_config(tmp_path, eval_lines=12)
   cfg.train.steps, cfg.train.eval_every, cfg.train.checkpoint_every = 2, 2, 2
   train_and_evaluate(cfg, str(tmp_path / "run"))
-  done = run_cli("experiments.analyses.decode_profile", f"--workdir={tmp_path / 'run'}",
+  return tmp_path / "run"
+
+
+def test_the_decoding_profile_of_a_trained_run_translates_its_validation_set(trained_run):
+  from helpers import run_cli
+  done = run_cli("experiments.analyses.decode_profile", f"--workdir={trained_run}",
                  "--beam_size=2", "--top=3")
   assert done.returncode == 0, done.stderr
-  assert f"validation sentences of {tmp_path / 'run'} (stopping at EOS), beam 2: 12 sentences in" in done.stdout
+  assert f"validation sentences of {trained_run} (stopping at EOS), beam 2: 12 sentences in" in done.stdout
   shares = [int(line.rsplit("|", 2)[1].strip(" %")) for line in done.stdout.splitlines()
             if line.startswith("| ") and line.endswith("% |")]
   assert "| matmul: layers |" in done.stdout and 97 <= sum(shares) <= 103  # rounded shares
+
+
+def test_decode_timing_prints_a_rate_per_repeat_and_the_hash_of_the_translations(trained_run):
+  import hashlib
+
+  from helpers import run_cli
+
+  from transformer import runs, translator
+  from transformer.data import sources
+  done = run_cli("experiments.analyses.decode_timing", f"--workdir={trained_run}", "--beam_size=2",
+                 "--repeats=2", "--cpu_devices=1")
+  assert done.returncode == 0, done.stderr
+  run = runs.load_run(trained_run)
+  sentences = list(sources.load_split(run.config.data, run.config.data.eval_split).source)
+  settings = translator.SearchSettings.from_config(run.config, beam_size=2)
+  hypotheses = translator.translate(run.model, run.params(True), run.vocab, sentences, settings,
+                                    run.config.data.max_len).hypotheses
+  digest = hashlib.sha256("\n".join(hypotheses).encode()).hexdigest()[:12]
+  rates, _, printed = done.stdout.strip().splitlines()[-1].partition(" sentences/s; translations ")
+  assert printed == digest
+  assert len(rates.split(" / ")) == 2 and all(float(r) > 0 for r in rates.split(" / "))
