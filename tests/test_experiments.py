@@ -541,6 +541,16 @@ def test_the_test_set_table_takes_the_seeds_of_one_language_pair_only():
     one_direction([ende, enfr])
 
 
+def test_the_bf16_recipe_is_the_default_with_bf16_products_dropout_0_2_and_8000_steps():
+  from transformer.config import validate
+  default, bf16 = load_config(REPO / "configs/multi30k.py"), load_config(REPO / "configs/multi30k_bf16.py")
+  validate(bf16)
+  changed = {f"{group}.{key}": value for group, values in bf16.to_dict().items()
+             if isinstance(values, dict) for key, value in values.items()
+             if value != default.to_dict()[group][key]}
+  assert changed == {"model.matmul_dtype": "bfloat16", "model.dropout": 0.2, "train.steps": 8000}
+
+
 def test_the_length_comparison_calls_a_conclusion_only_when_every_seed_signs_it(tmp_path):
   from experiments.analyses.table3_lengths import compare, read_table, verdict
   header = "variant,seed,dev_delta,dev_p\n"
