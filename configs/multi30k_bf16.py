@@ -12,16 +12,13 @@ experiments/results/multi30k_test_sets/en-de/README.md. On a CPU without fast bf
 takes longer than 40 minutes: use configs/multi30k.py there.
 """
 
-import importlib.util
+import runpy
 from pathlib import Path
 
 
 def get_config():
-  # The En->De default, loaded by path (config files are not a package on sys.path).
-  spec = importlib.util.spec_from_file_location("multi30k", Path(__file__).with_name("multi30k.py"))
-  default = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(default)
-  c = default.get_config()
+  # The En->De default, run by path (config files are not a package on sys.path).
+  c = runpy.run_path(str(Path(__file__).with_name("multi30k.py")))["get_config"]()
   c.model.matmul_dtype = "bfloat16"
   c.model.dropout = 0.2
   c.train.steps = 8000

@@ -7,15 +7,12 @@ about 40 minutes of a 2-core CPU) but the target language; the vocabulary is tra
 French.
 """
 
-import importlib.util
+import runpy
 from pathlib import Path
 
 
 def get_config():
-  # The En->De default, loaded by path (config files are not a package on sys.path).
-  spec = importlib.util.spec_from_file_location("multi30k", Path(__file__).with_name("multi30k.py"))
-  default = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(default)
-  c = default.get_config()
+  # The En->De default, run by path (config files are not a package on sys.path).
+  c = runpy.run_path(str(Path(__file__).with_name("multi30k.py")))["get_config"]()
   c.data.src_lang, c.data.tgt_lang = "en", "fr"
   return c
