@@ -509,7 +509,8 @@ def test_the_test_set_table_averages_the_seeds_and_puts_the_literature_beside_th
                             {"lc_tok": 41.0, "sacrebleu": 40.0, "bp": 0.97}],
              "test_2017_flickr": [{"lc_tok": 33.0, "sacrebleu": 32.0, "bp": 0.9},
                                   {"lc_tok": 34.5, "sacrebleu": 33.0, "bp": 1.0}]}
-  text = table("en-de", ["seed 0", "seed 1"], results)
+  text = table("en-de", ["seed 0", "seed 1"], results, {"search": "beam", "beam_size": 6, "alpha": 1.4})
+  assert "\nSearch: search beam, beam_size 6, alpha 1.4.\n" in text
   rows = [line for line in text.splitlines() if line.startswith("| validation") or line.startswith("| test")]
   assert rows[0] == "| validation | 40.00 | 41.00 | **40.50** | 39.50 | 0.960 | – | – |"
   text_only, best = LITERATURE["en-de"][0][2][1], LITERATURE["en-de"][1][2][1]
@@ -541,14 +542,15 @@ def test_the_test_set_table_takes_the_seeds_of_one_language_pair_only():
     one_direction([ende, enfr])
 
 
-def test_the_bf16_recipe_is_the_default_with_bf16_products_dropout_0_2_and_8000_steps():
+def test_the_bf16_recipe_is_the_default_with_bf16_products_dropout_0_2_8000_steps_and_its_search():
   from transformer.config import validate
   default, bf16 = load_config(REPO / "configs/multi30k.py"), load_config(REPO / "configs/multi30k_bf16.py")
   validate(bf16)
   changed = {f"{group}.{key}": value for group, values in bf16.to_dict().items()
              if isinstance(values, dict) for key, value in values.items()
              if value != default.to_dict()[group][key]}
-  assert changed == {"model.matmul_dtype": "bfloat16", "model.dropout": 0.2, "train.steps": 8000}
+  assert changed == {"model.matmul_dtype": "bfloat16", "model.dropout": 0.2, "train.steps": 8000,
+                     "decode.beam_size": 6, "decode.alpha": 1.4}
 
 
 def test_the_length_comparison_calls_a_conclusion_only_when_every_seed_signs_it(tmp_path):

@@ -1,10 +1,11 @@
 """Multi30k's official test sets, scored once per run, beside the literature's numbers.
 
     python -m experiments.recipes.multi30k_test_sets RUN [RUN ...] --test_dir=DIR \
-        [--output_dir=experiments/results/multi30k_test_sets]
+        [--output_dir=experiments/results/multi30k_test_sets] [--beam_size=B --alpha=A]
 
 The runs are seeds of one recipe and one language pair (their configs say which). Each is scored
-with transformer-eval's search (the moving average of its last checkpoint, as the README's figures)
+with transformer-eval's search (the moving average of its last checkpoint, as the README's figures;
+the run config's beam and alpha unless --beam_size / --alpha say otherwise, named in the table)
 on its validation split and on test_2016_flickr, test_2017_flickr and test_2017_mscoco: sacreBLEU and
 the literature's lowercased, normalised, Moses-tokenised BLEU (bleu.lc_tok_bleu, multi-bleu.perl on
 the release's lc.norm.tok convention). Writes --output_dir/<src>-<tgt>/results.md: each seed, the mean,
@@ -92,9 +93,11 @@ def scores(report: dict) -> dict[str, float]:
           "bp": report["lc_tok_bleu"]["brevity_penalty"]}
 
 
-def table(direction: str, seeds: Sequence[str], results: dict[str, list[dict[str, float]]]) -> str:
+def table(direction: str, seeds: Sequence[str], results: dict[str, list[dict[str, float]]],
+          search: dict[str, Any]) -> str:
   """Markdown: a row per evaluation set; each seed's lc-tok BLEU, their mean, the mean sacreBLEU and
-  brevity penalty, and the published lc-tok BLEU of LITERATURE[direction] on the test sets."""
+  brevity penalty, and the published lc-tok BLEU of LITERATURE[direction] on the test sets; under
+  it the search (a report's 'decode') and the sources."""
   published = LITERATURE.get(direction, [])
   head = (["set"] + [f"lc-tok BLEU, {s}" for s in seeds] + ["**mean**", "sacreBLEU (mean)",
           "brevity penalty (mean)"] + [system for system, _, _ in published])
@@ -106,6 +109,7 @@ def table(direction: str, seeds: Sequence[str], results: dict[str, list[dict[str
              f"{mean['sacrebleu']:.2f}", f"{mean['bp']:.3f}"] +
              [numbers[test] if test is not None else "–" for _, _, numbers in published])
     lines.append("| " + " | ".join(cells) + " |")
+  lines += ["", "Search: " + ", ".join(f"{key} {value}" for key, value in search.items()) + "."]
   lines += [""] + [f"- {system}: {source}." for system, source, _ in published]
   return "\n".join(lines) + "\n"
 
@@ -122,18 +126,21 @@ def main(argv: list[str]) -> None:
   files = find_test_files(FLAGS.test_dir, cfg.data.src_lang, cfg.data.tgt_lang)
   sets = {cfg.data.eval_split: {}} | {name: {"source_file": str(s), "reference_file": str(t)}
                                       for name, (s, t) in files.items()}
+  search = {key: value for key, value in (("beam_size", FLAGS.beam_size), ("alpha", FLAGS.alpha))
+            if value is not None}
   results: dict[str, list[dict[str, float]]] = {}
   for workdir, loaded in runs.items():
     cache: dict = {}  # per run: a compiled search belongs to one run's model
     for name, where in sets.items():
-      found = scores(evaluate_lib.evaluate(workdir, loaded=loaded, compiled_cache=cache, **where))
+      report = evaluate_lib.evaluate(workdir, loaded=loaded, compiled_cache=cache, **where, **search)
+      found = scores(report)
       results.setdefault(name, []).append(found)
       print(json.dumps({"workdir": workdir, "set": name, **found}), flush=True)
   seeds = [f"seed {c.seed}" for c in configs]
   folder = Path(FLAGS.output_dir) / direction
   folder.mkdir(parents=True, exist_ok=True)
   path = folder / "results.md"
-  path.write_text(table(direction, seeds, results))
+  path.write_text(table(direction, seeds, results, report["decode"]))
   print(path.read_text())
   records.record([path], folder, f"Multi30k {direction}: validation and the official test sets, "
                  "beside the literature", time.time() - start)
@@ -146,6 +153,8 @@ def define_flags() -> None:
                       "files; .gz or plain).")
   flags.DEFINE_string("output_dir", "experiments/results/multi30k_test_sets", "Where the table goes "
                       "(a record folder per language pair).")
+  flags.DEFINE_integer("beam_size", None, "Beam size (default: each run config's decode.beam_size).")
+  flags.DEFINE_float("alpha", None, "Length-penalty alpha (default: each run config's decode.alpha).")
 
 
 if __name__ == "__main__":
