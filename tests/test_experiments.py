@@ -542,6 +542,16 @@ def test_the_test_set_table_takes_the_seeds_of_one_language_pair_only():
     one_direction([ende, enfr])
 
 
+def test_the_test_set_table_names_one_search_and_refuses_runs_that_decode_differently():
+  from experiments.recipes.multi30k_test_sets import one_search
+  default, bf16 = load_config(REPO / "configs/multi30k.py"), load_config(REPO / "configs/multi30k_bf16.py")
+  assert one_search([bf16, bf16], {})["beam_size"] == 6
+  with pytest.raises(ConfigError, match=r"decode differently \(decode\.\*\); pass the search flags"):
+    one_search([default, bf16], {})
+  alike = one_search([default, bf16], {"beam_size": 6, "alpha": 1.4, "min_len": None})
+  assert (alike["search"], alike["beam_size"], alike["alpha"]) == ("beam", 6, 1.4)
+
+
 def test_the_bf16_recipe_is_the_default_with_bf16_products_dropout_0_2_8000_steps_and_its_search():
   from transformer.config import validate
   default, bf16 = load_config(REPO / "configs/multi30k.py"), load_config(REPO / "configs/multi30k_bf16.py")

@@ -1,11 +1,11 @@
 """Multi30k's official test sets, scored once per run, beside the literature's numbers.
 
     python -m experiments.recipes.multi30k_test_sets RUN [RUN ...] --test_dir=DIR \
-        [--output_dir=experiments/results/multi30k_test_sets] [--beam_size=B --alpha=A]
+        [--output_dir=experiments/results/multi30k_test_sets] [--beam_size=B --alpha=A ...]
 
 The runs are seeds of one recipe and one language pair (their configs say which). Each is scored
 with transformer-eval's search (the moving average of its last checkpoint, as the README's figures;
-the run config's beam and alpha unless --beam_size / --alpha say otherwise, named in the table)
+the runs' decode config unless transformer-eval's search flags say otherwise; named in the table)
 on its validation split and on test_2016_flickr, test_2017_flickr and test_2017_mscoco: sacreBLEU and
 the literature's lowercased, normalised, Moses-tokenised BLEU (bleu.lc_tok_bleu, multi-bleu.perl on
 the release's lc.norm.tok convention). Writes --output_dir/<src>-<tgt>/results.md: each seed, the mean,
@@ -32,7 +32,8 @@ from typing import Any
 from absl import flags
 
 from transformer import evaluate as evaluate_lib
-from transformer.cli import run_program
+from transformer import translator
+from transformer.cli import define_search_flags, run_program, search_overrides
 from transformer.config import ConfigError
 from transformer.data import sources
 from transformer.experiments import records
@@ -88,6 +89,17 @@ def one_direction(configs: Sequence[Any]) -> str:
   return directions[0]
 
 
+def one_search(configs: Sequence[Any], overrides: dict[str, Any]) -> dict[str, Any]:
+  """The search (SearchSettings.describe()) that every run decodes with, given the search flags'
+  `overrides`; seeds whose configs decode differently would make one table of two searches."""
+  searches = {tuple(translator.SearchSettings.from_config(c, **overrides).describe().items())
+              for c in configs}
+  if len(searches) != 1:
+    raise ConfigError("the runs' configs decode differently (decode.*); pass the search flags "
+                      "(--beam_size, --alpha, ...) to score them alike, or the seeds of one recipe")
+  return dict(searches.pop())
+
+
 def scores(report: dict) -> dict[str, float]:
   return {"sacrebleu": report["sacrebleu"]["bleu"], "lc_tok": report["lc_tok_bleu"]["bleu"],
           "bp": report["lc_tok_bleu"]["brevity_penalty"]}
@@ -126,21 +138,23 @@ def main(argv: list[str]) -> None:
   files = find_test_files(FLAGS.test_dir, cfg.data.src_lang, cfg.data.tgt_lang)
   sets = {cfg.data.eval_split: {}} | {name: {"source_file": str(s), "reference_file": str(t)}
                                       for name, (s, t) in files.items()}
-  search = {key: value for key, value in (("beam_size", FLAGS.beam_size), ("alpha", FLAGS.alpha))
-            if value is not None}
+  if FLAGS.ensemble:
+    raise ConfigError("--ensemble does not apply here: each RUN is scored on its own")
+  search = search_overrides()
+  described = one_search(configs, search)
   results: dict[str, list[dict[str, float]]] = {}
   for workdir, loaded in runs.items():
     cache: dict = {}  # per run: a compiled search belongs to one run's model
     for name, where in sets.items():
-      report = evaluate_lib.evaluate(workdir, loaded=loaded, compiled_cache=cache, **where, **search)
-      found = scores(report)
+      found = scores(evaluate_lib.evaluate(workdir, loaded=loaded, compiled_cache=cache, **where,
+                                           **search))
       results.setdefault(name, []).append(found)
       print(json.dumps({"workdir": workdir, "set": name, **found}), flush=True)
   seeds = [f"seed {c.seed}" for c in configs]
   folder = Path(FLAGS.output_dir) / direction
   folder.mkdir(parents=True, exist_ok=True)
   path = folder / "results.md"
-  path.write_text(table(direction, seeds, results, report["decode"]))
+  path.write_text(table(direction, seeds, results, described))
   print(path.read_text())
   records.record([path], folder, f"Multi30k {direction}: validation and the official test sets, "
                  "beside the literature", time.time() - start)
@@ -153,8 +167,7 @@ def define_flags() -> None:
                       "files; .gz or plain).")
   flags.DEFINE_string("output_dir", "experiments/results/multi30k_test_sets", "Where the table goes "
                       "(a record folder per language pair).")
-  flags.DEFINE_integer("beam_size", None, "Beam size (default: each run config's decode.beam_size).")
-  flags.DEFINE_float("alpha", None, "Length-penalty alpha (default: each run config's decode.alpha).")
+  define_search_flags()  # transformer-eval's: --beam_size, --alpha, ..., --cpu_devices
 
 
 if __name__ == "__main__":
