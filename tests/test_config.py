@@ -54,6 +54,7 @@ def test_default_config_is_valid():
     ("model.matmul_dtype", "float16", r"config.model.matmul_dtype must be one of 'float32', 'bfloat16'"),
     ("data.source", "wmt", r"config.data.source must be one of"),
     ("model.d_k", -16, r"config.model.d_k must be a non-negative integer, got -16"),
+    ("model.decoder_layers", -1, r"config.model.decoder_layers must be a non-negative integer, got -1"),
     ("decode.min_len", -1, r"config.decode.min_len must be a non-negative integer, got -1"),
     ("train.cooldown_steps", 5000, r"config.train.cooldown_steps \(5000\) must be at most "
      r"config.train.steps \(4800\)"),

@@ -183,10 +183,10 @@ PAPER_SIZES = {  # (N, d_model, d_ff, heads) -> exact count at a shared vocabula
 }
 
 
-def hand_count(n, d, f, v):
+def hand_count(n, d, f, v, decoder_n=None):
   attention = 4 * (d * d + d)
   ffn = 2 * d * f + f + d
-  return n * (attention + ffn + 4 * d) + n * (2 * attention + ffn + 6 * d) + v * d
+  return n * (attention + ffn + 4 * d) + (decoder_n or n) * (2 * attention + ffn + 6 * d) + v * d
 
 
 @pytest.mark.parametrize("size", ["base", "big"])
@@ -208,6 +208,7 @@ def test_paper_model_parameter_counts(size):
     dict(num_heads=32),                          # row A (d_k = d_v = 16)
     dict(d_model=256, d_k=48, d_v=24),           # widths that are not d_model / h
     dict(norm="pre", share_embeddings=False),
+    dict(num_layers=3, decoder_layers=1),        # a deeper encoder than decoder
 ])
 def test_table3_variants_match_the_analytic_formula(overrides):
   config = model_config(37000, **overrides)
@@ -225,6 +226,21 @@ def test_training_flops_per_token_of_the_base_model():
   config = model_config(v)
   assert training_flops_per_target_token(config, length, length) == pytest.approx(expected)
   assert expected / 1e9 == pytest.approx(0.381, abs=5e-4)
+
+
+def test_a_decoder_of_its_own_depth_has_that_many_layers_and_their_cost():
+  """model.decoder_layers: 4 encoder layers, 1 decoder layer, by hand and in the built model."""
+  from transformer.info import training_flops_per_target_token
+  d, f, v, length = 512, 2048, 37000, 32
+  config = model_config(v, num_layers=4, decoder_layers=1)
+  counts = param_counts(config)
+  assert [k for k in counts if k.count("/") == 1 and k.startswith("decoder/layer_")] == ["decoder/layer_0"]
+  assert sum(k.startswith("encoder/layer_") and k.count("/") == 1 for k in counts) == 4
+  assert sum(c for k, c in counts.items() if "/" not in k) == hand_count(4, d, f, v, decoder_n=1)
+  encoder = 4 * (2 * (4 * d * d + 2 * d * f) + 2 * 2 * length * d)
+  decoder = 1 * (2 * (8 * d * d + 2 * d * f) + 2 * 2 * length * d * 2)
+  expected = 3 * (encoder + decoder + 2 * v * d)
+  assert training_flops_per_target_token(config, length, length) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("d_k, paper_millions", [(16, 58), (32, 60)])

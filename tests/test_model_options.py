@@ -58,10 +58,11 @@ def stack_layers_of(params):
   return stacked
 
 
-@pytest.mark.parametrize("remat", ["none", "full", "dots"])
-def test_scanned_and_rematerialised_layers_compute_what_unrolled_layers_compute(rng, remat):
-  unrolled = Transformer(tiny_model_config())
-  scanned = Transformer(tiny_model_config(scan_layers=True, remat=remat))
+@pytest.mark.parametrize("remat, depths", [("none", {}), ("full", {}), ("dots", {}),
+                                           ("none", {"num_layers": 3, "decoder_layers": 1})])
+def test_scanned_and_rematerialised_layers_compute_what_unrolled_layers_compute(rng, remat, depths):
+  unrolled = Transformer(tiny_model_config(**depths))
+  scanned = Transformer(tiny_model_config(scan_layers=True, remat=remat, **depths))
   params = init_params(unrolled)
   as_scanned = {**params, "encoder": stack_layers_of(params["encoder"]),
                 "decoder": stack_layers_of(params["decoder"])}

@@ -41,6 +41,14 @@ def test_maps_have_one_layer_by_head_block_per_kind_with_token_axes(maps):
   assert m.weights["cross_attention"].shape == (2, 4, 4, 6)
 
 
+def test_maps_of_a_decoder_shallower_than_its_encoder_have_each_stacks_layers():
+  model = Transformer(tiny_model_config(num_layers=3, decoder_layers=1, num_heads=4))
+  m = attention_maps.attention_maps(model, init_params(model), [5, 9, EOS_ID], [8, EOS_ID], PIECES)
+  assert m.weights["encoder_self_attention"].shape == (3, 4, 3, 3)
+  assert m.weights["decoder_self_attention"].shape == (1, 4, 2, 2)
+  assert m.weights["cross_attention"].shape == (1, 4, 2, 3)
+
+
 def test_attention_rows_are_distributions_and_decoder_self_attention_is_causal(maps):
   _, _, m = maps
   for kind, weights in m.weights.items():

@@ -90,8 +90,9 @@ def _per_layer(stack: dict, module: str, config: ModelConfig) -> np.ndarray:
   per layer ('layer_0', ...), or one stacked entry ('layers') with scan_layers."""
   if config.scan_layers:
     return np.asarray(stack["layers"][module]["attention_weights"][0])[:, 0]
+  depth = sum(name.startswith("layer_") for name in stack)  # the encoder's and decoder's may differ
   return np.stack([np.asarray(stack[f"layer_{i}"][module]["attention_weights"][0])[0]
-                   for i in range(config.num_layers)])
+                   for i in range(depth)])
 
 
 # ---------------------------------------------------------------------------------------- figures

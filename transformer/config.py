@@ -46,7 +46,8 @@ def base_config() -> ml_collections.ConfigDict:
 def _model_keys() -> ml_collections.ConfigDict:
   """The architecture (model.ModelConfig reads every key)."""
   model = ml_collections.ConfigDict()
-  model.num_layers = 6              # N, for the encoder and the decoder alike.
+  model.num_layers = 6              # N, for the encoder and the decoder alike ...
+  model.decoder_layers = 0          # ... unless this is set: the decoder's own depth (0 = N).
   model.d_model = 512
   model.d_ff = 2048
   model.num_heads = 8
@@ -217,7 +218,8 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
               "train.checkpoint_every", "train.keep_checkpoints", "decode.beam_size",
               "decode.tokens_per_batch"):
     _positive(cfg, key)
-  for key in ("decode.max_extra_len", "decode.min_len", "model.d_k", "model.d_v", "train.cooldown_steps"):
+  for key in ("decode.max_extra_len", "decode.min_len", "model.decoder_layers", "model.d_k",
+              "model.d_v", "train.cooldown_steps"):
     _positive(cfg, key, allow_zero=True)
   _choice(cfg, "model.positional", POSITIONAL_KINDS)
   _choice(cfg, "model.norm", NORM_KINDS)

@@ -27,7 +27,7 @@ PAPER_PARAMS = {(6, 512, 2048, 8): "65M (paper, 'base')", (6, 1024, 4096, 16): "
 
 def analytic_param_count(config: ModelConfig) -> int:
   """Parameters by the formula (biases in every projection, no output bias), for testing the model."""
-  d, f, v, n = config.d_model, config.d_ff, config.vocab_size, config.num_layers
+  d, f, v = config.d_model, config.d_ff, config.vocab_size
   hk, hv = config.num_heads * config.key_dim, config.num_heads * config.value_dim
   attention = 2 * (d * hk + hk) + (d * hv + hv) + (hv * d + d)  # query, key; value; output
   ffn = d * f + f + f * d + d
@@ -35,7 +35,7 @@ def analytic_param_count(config: ModelConfig) -> int:
   encoder_layer = attention + ffn + 2 * norm
   decoder_layer = 2 * attention + ffn + 3 * norm
   embeddings = v * d if config.share_embeddings else 3 * v * d
-  total = n * (encoder_layer + decoder_layer) + embeddings
+  total = config.num_layers * encoder_layer + config.num_decoder_layers * decoder_layer + embeddings
   if config.norm == "pre":
     total += 2 * norm  # final LayerNorm of each stack
   if config.positional == "learned":
@@ -90,10 +90,10 @@ def training_flops_per_target_token(config: ModelConfig, src_len: int, tgt_len: 
   d, f, v = config.d_model, config.d_ff, config.vocab_size
   hk, hv = config.num_heads * config.key_dim, config.num_heads * config.value_dim
   projections = 2 * d * hk + 2 * d * hv  # query, key, value, output (d * hk = d * d by default)
-  per_src = config.num_layers * (2 * (projections + 2 * d * f) + 2 * src_len * (hk + hv)  # encoder
-                                 + 2 * (d * hk + d * hv))  # decoder's cross-attention keys, values
-  per_tgt = config.num_layers * (2 * (projections + d * hk + hv * d + 2 * d * f)  # self, cross q/o
-                                 + 2 * (tgt_len + src_len) * (hk + hv)) + 2 * v * d
+  per_src = (config.num_layers * (2 * (projections + 2 * d * f) + 2 * src_len * (hk + hv))  # encoder
+             + config.num_decoder_layers * 2 * (d * hk + d * hv))  # decoder's cross keys, values
+  per_tgt = config.num_decoder_layers * (2 * (projections + d * hk + hv * d + 2 * d * f)  # self,
+                                         + 2 * (tgt_len + src_len) * (hk + hv)) + 2 * v * d  # cross
   return 3.0 * (per_tgt + per_src * src_len / tgt_len)
 
 
@@ -113,7 +113,8 @@ def summary(cfg: ml_collections.ConfigDict, seq_len: int) -> str:
   check = "matches" if analytic == total else "DOES NOT MATCH"
   lines.append(f"{'total':<44}{total:>14,}")
   lines.append(f"analytic formula: {analytic:,} ({check})")
-  paper = PAPER_PARAMS.get((config.num_layers, config.d_model, config.d_ff, config.num_heads))
+  paper = (PAPER_PARAMS.get((config.num_layers, config.d_model, config.d_ff, config.num_heads))
+           if config.num_decoder_layers == config.num_layers else None)
   if paper:
     lines.append(f"paper: {paper}; the paper rounds, and its Table 3 counts fit a vocabulary near "
                  f"41k (this config: {config.vocab_size})")

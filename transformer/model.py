@@ -61,6 +61,11 @@ class ModelConfig:
   remat: str      # 'none' | 'full' | 'dots': what the backward pass recomputes per layer
   scan_layers: bool
   matmul_dtype: Any = None  # bf16: the products' inputs in it, sums not (training or decoding)
+  decoder_layers: int = 0   # 0 = num_layers, the paper's N for both stacks
+
+  @property
+  def num_decoder_layers(self) -> int:
+    return self.decoder_layers or self.num_layers
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
@@ -292,9 +297,9 @@ REMAT_POLICIES = {  # what a rematerialised layer keeps for the backward pass
 }
 
 
-def stack_layers(config: ModelConfig, layer: type[nn.Module], x: jax.Array, *args: Any,
-                 **layer_kwargs: Any) -> jax.Array:
-  """Applies `config.num_layers` layers to `x` (each also given `args`), from inside a compact module.
+def stack_layers(config: ModelConfig, num_layers: int, layer: type[nn.Module], x: jax.Array,
+                 *args: Any, **layer_kwargs: Any) -> jax.Array:
+  """Applies `num_layers` layers to `x` (each also given `args`), from inside a compact module.
 
   Unrolled by default (parameters 'layer_0', 'layer_1', ...); with `config.scan_layers` one
   `nn.scan` over parameters stacked on a leading 'layers' axis (and a stacked decoding cache), which
@@ -303,13 +308,13 @@ def stack_layers(config: ModelConfig, layer: type[nn.Module], x: jax.Array, *arg
   if config.remat != "none":
     layer = nn.remat(layer, policy=REMAT_POLICIES[config.remat], prevent_cse=not config.scan_layers)
   if not config.scan_layers:
-    for i in range(config.num_layers):
+    for i in range(num_layers):
       x = layer(config, **layer_kwargs, name=f"layer_{i}")(x, *args)
     return x
   scan = nn.scan(lambda module, carry, *rest: (module(carry, *rest), None),
                  variable_axes={"params": 0, kv_cache.SELF: 0, kv_cache.SOURCE: 0, "intermediates": 0},
                  split_rngs={"params": True, "dropout": True},
-                 in_axes=nn.broadcast, length=config.num_layers,
+                 in_axes=nn.broadcast, length=num_layers,
                  metadata_params={nn.PARTITION_NAME: "layers"})
   x, _ = scan(layer(config, **layer_kwargs, name="layers"), x, *args)
   return x
@@ -337,7 +342,7 @@ class Encoder(nn.Module):
     x = constrain(nn.Dropout(cfg.dropout)(x, deterministic=deterministic), "batch", "length",
                   "act_embed")
     mask = source_mask(src) if segments is None else segment_mask(segments, segments)
-    x = stack_layers(cfg, EncoderLayer, x, mask, deterministic=deterministic)
+    x = stack_layers(cfg, cfg.num_layers, EncoderLayer, x, mask, deterministic=deterministic)
     if cfg.norm == "pre":
       x = _layer_norm(cfg, "final_norm")(x)
     return x
@@ -370,7 +375,7 @@ class Decoder(nn.Module):
     x = Positions(cfg, name="positions")(x, positions)
     x = constrain(nn.Dropout(cfg.dropout)(x, deterministic=deterministic), "batch", "length",
                   "act_embed")
-    x = stack_layers(cfg, DecoderLayer, x, encoded, self_mask, cross_mask, step,
+    x = stack_layers(cfg, cfg.num_decoder_layers, DecoderLayer, x, encoded, self_mask, cross_mask, step,
                      deterministic=deterministic, decode=decode, decode_len=decode_len)
     if cfg.norm == "pre":
       x = _layer_norm(cfg, "final_norm")(x)
