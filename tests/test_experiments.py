@@ -171,6 +171,24 @@ def test_record_copies_what_exists_into_the_results_folder(tmp_path):
     assert line in readme, line
 
 
+def test_a_records_own_rewritten_files_do_not_mark_its_commit_as_uncommitted(tmp_path, monkeypatch):
+  import subprocess
+  git = lambda *args: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                                     cwd=tmp_path, check=True, capture_output=True)
+  git("init", "-q")
+  (tmp_path / "record").mkdir()
+  (tmp_path / "record" / "results.md").write_text("old\n")
+  (tmp_path / "code.py").write_text("x = 1\n")
+  git("add", "-A")
+  git("commit", "-qm", "first")
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "record" / "results.md").write_text("new\n")  # what recording writes
+  assert records.commit(tmp_path / "record").endswith(tuple("0123456789abcdef"))
+  assert records.commit().endswith(" + uncommitted changes")
+  (tmp_path / "code.py").write_text("x = 2\n")  # a change to the code is one
+  assert records.commit(tmp_path / "record").endswith(" + uncommitted changes")
+
+
 class WordVocab:
   """A stand-in vocabulary: one token per word."""
   def encode(self, text):

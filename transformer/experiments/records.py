@@ -34,22 +34,27 @@ def cpu_model() -> str:
   return platform.processor() or platform.machine()
 
 
-def commit() -> str:
-  """The repository's commit, '+ uncommitted changes' when the tree differs from it."""
+def commit(record_folder: Path | None = None) -> str:
+  """The repository's commit, '+ uncommitted changes' when tracked files differ from it. Files in
+  `record_folder` do not count: recording rewrites them, and they are the record, not the code."""
   def git(*args: str) -> str:
-    return subprocess.run(["git", *args], capture_output=True, text=True, check=False).stdout.strip()
-  head = git("rev-parse", "--short=12", "HEAD")
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=False).stdout
+  head = git("rev-parse", "--short=12", "HEAD").strip()
   if not head:
     return "unknown (not a git checkout)"
-  return head + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no")
-                 else "")
+  changed = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]
+  folder, top = Path(record_folder or ".").resolve(), Path(git("rev-parse", "--show-toplevel").strip())
+  if record_folder is not None and folder.is_relative_to(top):
+    changed = [path for path in changed if not Path(path).is_relative_to(folder.relative_to(top))]
+  return head + (" + uncommitted changes" if changed else "")
 
 
-def provenance(command: Sequence[str], wall_seconds: float) -> list[str]:
+def provenance(command: Sequence[str], wall_seconds: float,
+               record_folder: Path | None = None) -> list[str]:
   """The README lines that say how a record was made."""
   import jax  # the version, without making importing this module cost a JAX start-up
   return [f"- command: `{shlex.join(command)}`",
-          f"- commit: {commit()}",
+          f"- commit: {commit(record_folder)}",
           f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
           f"- JAX {jax.__version__}, Python {platform.python_version()}, "
           f"{jax.default_backend()} backend",
@@ -84,7 +89,8 @@ def record(files: Sequence[Path], folder: Path, title: str, wall_seconds: float,
       copied.append(path.name)
   command = list(command) if command is not None else [Path(sys.argv[0]).name, *sys.argv[1:]]
   readme = [f"# {title}", "", "Written by the recording tool (transformer/experiments/records.py); "
-            "rerun the command to rebuild this folder.", "", *provenance(command, wall_seconds), "",
+            "rerun the command to rebuild this folder.", "", *provenance(command, wall_seconds, folder),
+            "",
             "Files: " + ", ".join(f"`{name}`" for name in sorted(copied)), ""]
   (folder / "README.md").write_text("\n".join(readme) + _notes(folder / "README.md"))
   log.info("Recorded %d files in %s", len(copied), folder)
