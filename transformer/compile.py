@@ -215,8 +215,8 @@ def check(cfg: ml_collections.ConfigDict, topology: topologies.Topology, devices
       "mesh": dict(target.mesh.shape), "chip": dataclasses.asdict(target.chip),
       "batch": {"rows": rows, "seq_len": seq_len, "target_tokens": rows * seq_len,
                 "grad_accum_steps": cfg.train.grad_accum_steps},
-      "model": {k: cfg.model[k] for k in ("num_layers", "decoder_layers", "d_model", "d_ff", "num_heads", "dtype",
-                                          "remat", "scan_layers")},
+      "model": {k: cfg.model[k] for k in ("num_layers", "decoder_layers", "d_model", "d_ff",
+                                          "num_heads", "dtype", "remat", "scan_layers")},
       "attention": "xla" if topology.platform == "cuda" else "xla (TPU)", "programs": {},
   }
   log.info("Compiling for %s (%d devices, mesh %s): %d rows x %d tokens", topology.name,

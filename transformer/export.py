@@ -116,8 +116,8 @@ def ctranslate2_spec(config: ModelConfig, params: Any, pieces: list[str], max_po
   head_dim = config.key_dim if config.key_dim * config.num_heads != config.d_model else None
   encoder = spec_lib.TransformerEncoderSpec(config.num_layers, config.num_heads, pre_norm=pre_norm,
                                             head_dim=head_dim)
-  decoder = spec_lib.TransformerDecoderSpec(config.num_decoder_layers, config.num_heads, pre_norm=pre_norm,
-                                            head_dim=head_dim)
+  decoder = spec_lib.TransformerDecoderSpec(config.num_decoder_layers, config.num_heads,
+                                            pre_norm=pre_norm, head_dim=head_dim)
   if config.share_embeddings:
     source_embed = target_embed = output_embed = params["embed"]["embedding"]
   else:

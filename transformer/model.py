@@ -375,8 +375,8 @@ class Decoder(nn.Module):
     x = Positions(cfg, name="positions")(x, positions)
     x = constrain(nn.Dropout(cfg.dropout)(x, deterministic=deterministic), "batch", "length",
                   "act_embed")
-    x = stack_layers(cfg, cfg.num_decoder_layers, DecoderLayer, x, encoded, self_mask, cross_mask, step,
-                     deterministic=deterministic, decode=decode, decode_len=decode_len)
+    x = stack_layers(cfg, cfg.num_decoder_layers, DecoderLayer, x, encoded, self_mask, cross_mask,
+                     step, deterministic=deterministic, decode=decode, decode_len=decode_len)
     if cfg.norm == "pre":
       x = _layer_norm(cfg, "final_norm")(x)
     if cfg.share_embeddings:

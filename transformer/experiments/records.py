@@ -43,9 +43,10 @@ def commit(record_folder: Path | None = None) -> str:
   if not head:
     return "unknown (not a git checkout)"
   changed = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]
-  folder, top = Path(record_folder or ".").resolve(), Path(git("rev-parse", "--show-toplevel").strip())
-  if record_folder is not None and folder.is_relative_to(top):
-    changed = [path for path in changed if not Path(path).is_relative_to(folder.relative_to(top))]
+  if record_folder is not None:
+    top, folder = Path(git("rev-parse", "--show-toplevel").strip()), Path(record_folder).resolve()
+    if folder.is_relative_to(top):
+      changed = [path for path in changed if not Path(path).is_relative_to(folder.relative_to(top))]
   return head + (" + uncommitted changes" if changed else "")
 
 
@@ -89,8 +90,8 @@ def record(files: Sequence[Path], folder: Path, title: str, wall_seconds: float,
       copied.append(path.name)
   command = list(command) if command is not None else [Path(sys.argv[0]).name, *sys.argv[1:]]
   readme = [f"# {title}", "", "Written by the recording tool (transformer/experiments/records.py); "
-            "rerun the command to rebuild this folder.", "", *provenance(command, wall_seconds, folder),
-            "",
+            "rerun the command to rebuild this folder.", "",
+            *provenance(command, wall_seconds, folder), "",
             "Files: " + ", ".join(f"`{name}`" for name in sorted(copied)), ""]
   (folder / "README.md").write_text("\n".join(readme) + _notes(folder / "README.md"))
   log.info("Recorded %d files in %s", len(copied), folder)
