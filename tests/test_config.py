@@ -52,6 +52,10 @@ def test_default_config_is_valid():
     ("train.warmup_steps", -1, r"config.train.warmup_steps must be a positive integer"),
     ("model.dtype", "float8", r"config.model.dtype must be one of"),
     ("model.matmul_dtype", "float16", r"config.model.matmul_dtype must be one of 'float32', 'bfloat16'"),
+    ("model.matmul_dtype", "bfloat16_vocab", r"config.model.matmul_dtype must be one of 'float32', "
+     r"'bfloat16'; got 'bfloat16_vocab'"),
+    ("decode.matmul_dtype", "int8", r"config.decode.matmul_dtype must be one of 'float32', "
+     r"'bfloat16', 'bfloat16_vocab'"),
     ("data.source", "wmt", r"config.data.source must be one of"),
     ("model.d_k", -16, r"config.model.d_k must be a non-negative integer, got -16"),
     ("model.decoder_layers", -1, r"config.model.decoder_layers must be a non-negative integer, got -1"),

@@ -184,7 +184,19 @@ def test_bfloat16_search_scores_its_hypotheses_as_the_float32_model_does(trained
   assert 0 < per_token.max() < 0.02, per_token  # nats per token
   assert sum(a[0][0] == b[0][0] for a, b in zip(full, quantised)) >= 12
   assert half.tag(settings) == "_bfloat16" and half.describe()["matmul_dtype"] == "bfloat16"
-  with pytest.raises(ConfigError, match="--matmul_dtype must be one of float32, bfloat16"):
+  # Only the projection onto the vocabulary rounded: the same agreement with its own model.
+  vocab_only = dataclasses.replace(settings, matmul_dtype="bfloat16_vocab")
+  models, cast = translator.with_matmul_dtype([model], [params], "bfloat16_vocab")
+  searched, _ = translator.search_ids(model, params, ids, vocab_only, cfg.data.max_len)
+  found = [hypotheses[0][0] for hypotheses in searched]
+  width = max(map(len, found))
+  tgt = jnp.asarray([t + [PAD_ID] * (width - len(t)) for t in found])
+  rounded = np.asarray(decoding.forced_log_probs(models[0], cast[0], src, tgt)).sum(-1)
+  np.testing.assert_allclose([h[0][2] for h in searched], rounded, rtol=1e-4, atol=1e-3)
+  assert sum(a[0][0] == b[0][0] for a, b in zip(full, searched)) >= 12
+  assert vocab_only.tag(settings) == "_bfloat16_vocab"
+  with pytest.raises(ConfigError, match="--matmul_dtype must be one of float32, bfloat16, "
+                     "bfloat16_vocab"):
     dataclasses.replace(settings, matmul_dtype="int4").check()
 
 

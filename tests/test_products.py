@@ -110,6 +110,29 @@ def test_a_model_with_bf16_products_has_the_float32_models_loss_and_gradients(rn
     assert cosine > 0.99 or np.linalg.norm(a) < 1e-6, cosine
 
 
+def test_bf16_vocabulary_projection_rounds_that_product_only(rng):
+  """decode.matmul_dtype='bfloat16_vocab': the logits are the float32 decoder's last hidden states
+  and the float32 embedding, both rounded to bf16, multiplied with float32 sums (numpy); the
+  parameters stay float32, so the token embeddings the layers read are exact."""
+  model = Transformer(tiny_model_config())
+  params = init_params(model, scale=3.0)
+  models, cast = translator.with_matmul_dtype([model], [params], "bfloat16_vocab")
+  assert models[0].config.matmul_dtype is None
+  assert models[0].config.vocab_matmul_dtype == jnp.bfloat16
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(cast[0]))
+  src, tgt = random_tokens(rng, 3, 7, 24), random_tokens(rng, 3, 6, 24)
+  exact, hidden = model.apply({"params": params}, src, tgt, capture_intermediates=True,
+                              mutable=["intermediates"])
+  layers = hidden["intermediates"]["decoder"]
+  last = max((k for k in layers if k.startswith("layer")), key=lambda k: int(k.split("_")[-1]))
+  h = np.float64(layers[last]["__call__"][0])
+  table = np.float64(params["embed"]["embedding"])
+  np.testing.assert_allclose(exact, h @ table.T, rtol=1e-4, atol=1e-4)  # the last layer found
+  rounded = models[0].apply({"params": cast[0]}, src, tgt)
+  np.testing.assert_allclose(rounded, bf16(h) @ bf16(table).T, rtol=1e-5, atol=1e-5)
+  assert np.abs(np.asarray(rounded) - np.asarray(exact)).max() > 1e-4  # the product did round
+
+
 def test_float32_decoding_of_a_model_trained_with_bf16_products_uses_float32_products():
   config = tiny_model_config(matmul_dtype=jnp.bfloat16)
   models, _ = translator.with_matmul_dtype([Transformer(config)], [{}], "float32")

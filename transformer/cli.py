@@ -113,10 +113,11 @@ def define_search_flags(sampling: bool = False) -> None:
   flags.DEFINE_integer("tokens_per_batch", None, "Source tokens per decoding batch: how many "
                        "sentences are decoded at a time (default: config.decode.tokens_per_batch; "
                        "1024 suits a CPU, runs trained before it was the default store 4096).")
-  flags.DEFINE_string("matmul_dtype", None, "float32 or bfloat16: the search's weight matrices "
-                      "(default: config.decode.matmul_dtype, float32). bfloat16 is quantised "
-                      "decoding: faster on CPUs with AVX512-BF16 and on GPUs; sums and activations "
-                      "stay float32 (docs/evaluating.md gives its BLEU change).")
+  flags.DEFINE_string("matmul_dtype", None, "float32, bfloat16 or bfloat16_vocab: the search's "
+                      "weight matrices (default: config.decode.matmul_dtype, float32). bfloat16 is "
+                      "quantised decoding: faster on CPUs with AVX512-BF16 and on GPUs; sums and "
+                      "activations stay float32; bfloat16_vocab rounds the projection onto the "
+                      "vocabulary only (docs/evaluating.md gives the BLEU change of each).")
   flags.DEFINE_integer("cpu_devices", 0, "On a CPU: decode with this many JAX devices, each "
                        "translating its own share of the sentences (0 = one per core; 1 = one "
                        "device). XLA runs the decoder's small matrix products on one core per "

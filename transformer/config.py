@@ -14,7 +14,10 @@ from transformer.errors import UserError
 POSITIONAL_KINDS = ("sinusoidal", "learned")
 NORM_KINDS = ("post", "pre")
 DTYPES = ("float32", "bfloat16", "float16")
-MATMUL_DTYPES = ("float32", "bfloat16")  # decode.matmul_dtype: bfloat16 = quantised decoding
+MATMUL_DTYPES = ("float32", "bfloat16")  # model.matmul_dtype: bfloat16 products, float32 sums
+# decode.matmul_dtype: bfloat16 = every weight matrix quantised, bfloat16_vocab = the projection
+# onto the vocabulary only
+DECODE_MATMUL_DTYPES = (*MATMUL_DTYPES, "bfloat16_vocab")
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg", "unsafe_rbg_threefry")
 DATA_SOURCES = ("multi30k", "files", "tfds")
 VOCAB_MODEL_TYPES = ("bpe", "unigram")
@@ -144,7 +147,8 @@ def _decode_keys() -> ml_collections.ConfigDict:
   decode.min_len = 0                # tokens before EOS at least; 0 allows the empty output (t2t).
   decode.tokens_per_batch = 1024    # source tokens per decoding batch (before the beam): the slots.
   decode.matmul_dtype = "float32"   # 'bfloat16': the search's weight matrices in bf16, float32
-                                    # sums and activations (quantised decoding; docs/evaluating.md).
+                                    # sums and activations (quantised decoding; docs/evaluating.md);
+                                    # 'bfloat16_vocab': the projection onto the vocabulary only.
   return decode
 
 
@@ -225,7 +229,7 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
   _choice(cfg, "model.norm", NORM_KINDS)
   _choice(cfg, "model.dtype", DTYPES)
   _choice(cfg, "model.matmul_dtype", MATMUL_DTYPES)
-  _choice(cfg, "decode.matmul_dtype", MATMUL_DTYPES)
+  _choice(cfg, "decode.matmul_dtype", DECODE_MATMUL_DTYPES)
   _choice(cfg, "data.source", DATA_SOURCES)
   _choice(cfg, "train.dropout_rng", RNG_IMPLS)
   _choice(cfg, "data.vocab_model_type", VOCAB_MODEL_TYPES)

@@ -61,6 +61,7 @@ class ModelConfig:
   remat: str      # 'none' | 'full' | 'dots': what the backward pass recomputes per layer
   scan_layers: bool
   matmul_dtype: Any = None  # bf16: the products' inputs in it, sums not (training or decoding)
+  vocab_matmul_dtype: Any = None  # the same for the projection onto the vocabulary alone (decoding)
   decoder_layers: int = 0   # 0 = num_layers, the paper's N for both stacks
 
   @property
@@ -70,7 +71,8 @@ class ModelConfig:
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
     """Builds the model config from a run config's `model` section and the vocabulary size."""
-    fields = {f.name for f in dataclasses.fields(cls)} - {"vocab_size", "dtype", "matmul_dtype"}
+    fields = {f.name for f in dataclasses.fields(cls)} - {"vocab_size", "dtype", "matmul_dtype",
+                                                          "vocab_matmul_dtype"}
     return cls(vocab_size=vocab_size, dtype=jnp.dtype(model.dtype),
                matmul_dtype=None if model.matmul_dtype == "float32" else jnp.dtype(model.matmul_dtype),
                **{name: model[name] for name in fields})
@@ -385,10 +387,11 @@ class Decoder(nn.Module):
       matrix = self.param("output_embedding",
                           _init(nn.initializers.normal(cfg.d_model ** -0.5), "vocab", "embed"),
                           (cfg.vocab_size, cfg.d_model))
-    if cfg.matmul_dtype is None:
+    product_dtype = cfg.vocab_matmul_dtype or cfg.matmul_dtype
+    if product_dtype is None:
       logits = output_logits(x.astype(cfg.dtype), jnp.asarray(matrix, cfg.dtype))
-    else:  # the matrix as stored: float32 in training, bf16 for quantised decoding
-      logits = output_logits(x.astype(cfg.dtype), matrix, cfg.matmul_dtype)
+    else:  # the matrix as stored (float32, or bf16 for quantised decoding), rounded for the product
+      logits = output_logits(x.astype(cfg.dtype), matrix, product_dtype)
     return constrain(logits, "batch", "length", "act_vocab")
 
 

@@ -24,7 +24,7 @@ import sentencepiece as spm
 from jax.sharding import Mesh, PartitionSpec
 
 from transformer import decoding, partitioning, progress
-from transformer.config import MATMUL_DTYPES, ConfigError
+from transformer.config import DECODE_MATMUL_DTYPES, ConfigError
 from transformer.data import batching
 from transformer.data.batching import pad_rows
 from transformer.model import EOS_ID, PAD_ID, Transformer
@@ -48,7 +48,7 @@ class SearchSettings:
   top_p: float = 1.0
   seed: int = 0
   tokens_per_batch: int = 1024  # source tokens per batch: the slots (decoding/loop.py) of a length bucket
-  matmul_dtype: str = "float32"  # of the weight matrices while searching ('bfloat16': quantised)
+  matmul_dtype: str = "float32"  # of the weight matrices while searching (config.DECODE_MATMUL_DTYPES)
 
   @classmethod
   def from_config(cls, cfg: ml_collections.ConfigDict, **overrides: Any) -> SearchSettings:
@@ -87,8 +87,8 @@ class SearchSettings:
       raise ConfigError(f"--top_k must be >= 0 (0 = no limit), got {self.top_k}")
     if not 0 < self.top_p <= 1:
       raise ConfigError(f"--top_p must be in (0, 1], got {self.top_p:g}")
-    if self.matmul_dtype not in MATMUL_DTYPES:
-      raise ConfigError(f"--matmul_dtype must be one of {', '.join(MATMUL_DTYPES)}, got "
+    if self.matmul_dtype not in DECODE_MATMUL_DTYPES:
+      raise ConfigError(f"--matmul_dtype must be one of {', '.join(DECODE_MATMUL_DTYPES)}, got "
                         f"{self.matmul_dtype!r}")
     if self.tokens_per_batch < 1:
       raise ConfigError(f"--tokens_per_batch must be >= 1, got {self.tokens_per_batch}")
@@ -222,9 +222,15 @@ def with_matmul_dtype(models: Sequence[Transformer], params: Any, dtype: str
                       ) -> tuple[tuple[Transformer, ...], Any]:
   """Quantised decoding: the models' weight matrices (dense kernels, token and output embeddings)
   stored in `dtype`, cast once here, and their products taking `dtype` operands (model.matmul);
-  activations, sums, biases, LayerNorm and learned positions stay float32."""
-  if dtype == "float32":  # whatever the products were trained with (model.matmul_dtype)
-    return tuple(m.clone(config=dataclasses.replace(m.config, matmul_dtype=None)) for m in models), params
+  activations, sums, biases, LayerNorm and learned positions stay float32. 'bfloat16_vocab' rounds
+  the operands of the projection onto the vocabulary only (the largest product of a small model's
+  step) and keeps the stored matrix float32, so the token embeddings are looked up exactly; XLA
+  casts the matrix once, outside the search's loop."""
+  if dtype in ("float32", "bfloat16_vocab"):  # whatever the products were trained with
+    vocab = jnp.dtype(jnp.bfloat16) if dtype == "bfloat16_vocab" else None
+    return tuple(m.clone(config=dataclasses.replace(m.config, matmul_dtype=None,
+                                                    vocab_matmul_dtype=vocab))
+                 for m in models), params
   dtype = jnp.dtype(dtype)
   models = tuple(m.clone(config=dataclasses.replace(m.config, matmul_dtype=dtype)) for m in models)
 

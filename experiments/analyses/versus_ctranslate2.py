@@ -31,7 +31,8 @@ runs `--ct2_layouts` (inter_threads x intra_threads: 1x2 = one worker of two thr
 per core, each taking whole batches; the fixed-length workloads submit all their calls at once so
 that every worker has some). Engines alternate `--repeats` times; compile and
 load times are left out. Ours runs with float32 and
-with bf16 weight matrices (decode.matmul_dtype; `--matmul_dtypes`), CTranslate2 with float32 and int8
+with bf16 weight matrices or a bf16 projection onto the vocabulary only (decode.matmul_dtype;
+`--matmul_dtypes`), CTranslate2 with float32 and int8
 weights (`--compute_types`). Prints a markdown table (each engine's rates and its ratio to ours in
 the first matmul dtype) and writes the figures as JSON.
 """
@@ -95,6 +96,8 @@ def ours(model, params, src, lengths, beam, max_len, matmul_dtype):
 
 
 def engine_name(matmul_dtype: str) -> str:
+  if matmul_dtype == "bfloat16_vocab":
+    return "ours bfloat16 vocabulary projection"
   return "ours" if matmul_dtype == "float32" else f"ours {matmul_dtype} matrices"
 
 
