@@ -12,7 +12,8 @@ smallest beam on the plateau of a sweep (+0.5 BLEU). Chosen on validation, two s
 experiments/results/multi30k_test_sets/en-de/README.md. On a CPU without fast bf16 products
 (`grep -c -e avx512_bf16 -e amx_bf16 /proc/cpuinfo` prints 0) a step is not cheaper and this recipe
 takes longer than 40 minutes: use configs/multi30k.py there. With AVX512-BF16 but no AMX (a Zen 5
-EPYC) a step costs 0.75-0.77x, so the recipe takes ~1.2x the default's time.
+EPYC) a step costs 0.75-0.77x: the recipe trained in 28m46s there against the default's 21m51s,
+and 11,000 steps (its whole 40 minutes) scored no better than 8,000.
 """
 
 import runpy
