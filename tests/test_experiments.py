@@ -582,7 +582,7 @@ def test_the_bf16_recipe_is_the_default_with_bf16_products_dropout_0_2_8000_step
 
 
 def test_the_length_comparison_calls_a_conclusion_only_when_every_seed_signs_it(tmp_path):
-  from experiments.analyses.table3_lengths import compare, read_table, verdict
+  from experiments.analyses.table3_lengths import compare, read_table, report, verdict
   header = "variant,seed,dev_delta,dev_p\n"
   short, long = tmp_path / "short.csv", tmp_path / "long.csv"
   short.write_text(header + "base,0,,\nbase,1,,\nX,0,1.0,0.01\nX,1,0.5,0.02\nY,0,-1.0,0.2\n"
@@ -601,3 +601,9 @@ def test_the_length_comparison_calls_a_conclusion_only_when_every_seed_signs_it(
                        "| Z | +0.30 | 0.010 | too few seeds | +1.50 ± 0.71 | 0.001 / 0.001 | better |"]
   assert changed == ["X: better -> unsettled", "Y: unsettled -> worse"]  # W: not in the short table
   assert disagree == ["X"]
+  assert report(short, long).splitlines()[-1] == (
+      "Seeds disagree on the sign at the long length: X (2 seeds); a third seed for those with "
+      "two: --seeds=3 --only=X")
+  long.write_text(long.read_text() + "base,2,,\nX,2,-0.1,0.4\n")  # a third seed: the mean decides
+  assert report(short, long).splitlines()[-1] == (
+      "Seeds disagree on the sign at the long length: X (3 seeds)")

@@ -9,8 +9,9 @@ first row on the dev set (mean ± spread over seeds, as transformer-experiment c
 against the same seed of the first row), the seeds' paired-bootstrap p-values, and a verdict per
 length: 'better' or 'worse' where every seed moves the same way with p < 0.05, 'unsettled' where they
 do not, 'too few seeds' below two. Then the conclusions that changed between the lengths, and the
-variants whose seeds disagree on the sign at the longer length: those get a third seed
-(`transformer-experiment ... --seeds=3 --only=NAMES`).
+variants whose seeds disagree on the sign at the longer length, with how many seeds each has: those
+with two get a third (`transformer-experiment ... --seeds=3 --only=NAMES`); with three, the mean
+decides.
 """
 
 from __future__ import annotations
@@ -50,9 +51,13 @@ def verdict(seeds: Sequence[tuple[float | None, float | None]]) -> str:
   return "unsettled"
 
 
+def deltas(seeds: Sequence[tuple[float | None, float | None]]) -> list[float]:
+  """The seeds' measured Δ values (runs not yet finished left out)."""
+  return [d for d, _ in seeds if d is not None]
+
+
 def signs_disagree(seeds: Sequence[tuple[float | None, float | None]]) -> bool:
-  deltas = [d for d, _ in seeds if d is not None]
-  return any(d > 0 for d in deltas) and any(d < 0 for d in deltas)
+  return any(d > 0 for d in deltas(seeds)) and any(d < 0 for d in deltas(seeds))
 
 
 def compare(short: dict, long: dict) -> tuple[list[str], list[str], list[str]]:
@@ -76,13 +81,15 @@ def compare(short: dict, long: dict) -> tuple[list[str], list[str], list[str]]:
 
 
 def report(short_path: str, long_path: str) -> str:
-  lines, changed, disagree = compare(read_table(short_path), read_table(long_path))
+  long = read_table(long_path)
+  lines, changed, disagree = compare(read_table(short_path), long)
+  counted = [f"{name} ({len(deltas(long[name]))} seeds)" for name in disagree]
+  two = [name for name in disagree if len(deltas(long[name])) < 3]
   text = [f"Short: `{short_path}`; long: `{long_path}`. Verdicts: every seed's dev Δ of one sign "
           f"with paired-bootstrap p < {SIGNIFICANT}.", "", *lines, "",
           "Changed with the length: " + ("; ".join(changed) if changed else "none"),
-          "Seeds disagree on the sign at the long length: " + (
-              f"{', '.join(disagree)} (a third seed: --seeds=3 --only={','.join(disagree)})"
-              if disagree else "none")]
+          "Seeds disagree on the sign at the long length: " + (", ".join(counted) or "none")
+          + (f"; a third seed for those with two: --seeds=3 --only={','.join(two)}" if two else "")]
   return "\n".join(text) + "\n"
 
 
