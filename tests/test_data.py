@@ -130,6 +130,21 @@ def test_vocabulary_detokenizes_to_the_text_it_was_given(tmp_path):
     assert vocab.decode(vocab.encode(line)) == line
 
 
+def test_vocabularies_trained_alike_are_the_same_whatever_their_training_record(tmp_path):
+  """Two runs' seeds train their vocabularies apart, from the same sentences: the files differ
+  (each records its temporary path), the vocabularies do not, so the runs can be ensembled."""
+  text = sources.load_split(base_config().data, "validation")
+  sentences = text.source + text.target
+  a = vocab_lib.train_vocab(sentences, tmp_path / "a" / "v.model", 300)
+  b = vocab_lib.train_vocab(sentences, tmp_path / "b" / "v.model", 300)
+  assert a.serialized_model_proto() != b.serialized_model_proto()
+  assert vocab_lib.same_vocabulary(a, b)
+  assert not vocab_lib.same_vocabulary(a, vocab_lib.train_vocab(
+      sentences[1:], tmp_path / "c" / "v.model", 300))
+  assert not vocab_lib.same_vocabulary(a, vocab_lib.train_vocab(
+      sentences, tmp_path / "d" / "v.model", 300, normalization="nmt_nfkc_cf"))
+
+
 def test_case_folding_vocabulary_lowercases_both_sides_and_has_its_own_cache_entry(tmp_path):
   data = base_config().data
   data.vocab_size, data.vocab_sample_sentences = 300, 3000

@@ -4,6 +4,7 @@ n-best lists, sampling independent of batching, forced scores equal to training'
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import init_params, run_cli, tiny_model_config, tiny_run_config
+from sentencepiece import sentencepiece_model_pb2
 
 from transformer import decoding, translator
 from transformer.config import ConfigError, base_config
@@ -294,7 +296,15 @@ def test_the_programs_write_nbest_lists_scores_samples_and_ensemble_reports(trai
   assert samples[0].stdout == samples[1].stdout and len(samples[0].stdout.splitlines()) == 2
   assert "--sample is deprecated and will be removed; use --search=sample" in samples[1].stderr
 
-  out = run_cli("transformer.evaluate", f"--workdir={workdir}", f"--ensemble={workdir}",
+  # Another seed's run: its vocabulary trained apart on the same text records another temporary
+  # path; the vocabularies are the same, so the runs ensemble.
+  other = tmp_path / "other_seed"
+  shutil.copytree(workdir, other, ignore=shutil.ignore_patterns("eval"))
+  proto = sentencepiece_model_pb2.ModelProto.FromString((other / "vocab.model").read_bytes())
+  proto.trainer_spec.model_prefix = "/tmp/elsewhere/spm"
+  (other / "vocab.model").write_bytes(proto.SerializeToString())
+  assert (other / "vocab.model").read_bytes() != (workdir / "vocab.model").read_bytes()
+  out = run_cli("transformer.evaluate", f"--workdir={workdir}", f"--ensemble={other}",
                 "--beam_size=2", "--nbest=2")
   assert out.returncode == 0, out.stderr[-3000:]
   assert "ensemble of 2 runs" in out.stdout and "chrF" in out.stdout

@@ -536,6 +536,23 @@ def test_the_test_set_table_averages_the_seeds_and_puts_the_literature_beside_th
   assert rows[1] == "| test_2017_flickr | 33.00 | 34.50 | **33.75** | 32.50 | 0.950 | 33.4 | 36.04 |"
 
 
+def test_the_test_set_table_labels_an_ensemble_by_its_runs_seeds():
+  from experiments.recipes.multi30k_test_sets import seed_label
+  cfg = load_config(REPO / "configs/multi30k_ensemble.py")
+  members = [cfg.copy_and_resolve_references() for _ in range(2)]
+  members[1].seed = 1
+  assert seed_label(members[:1]) == "seed 0" and seed_label(members) == "seeds 0+1"
+
+
+def test_the_ensemble_recipe_is_the_default_at_4250_steps_with_a_longer_length_penalty():
+  default = load_config(REPO / "configs/multi30k.py")
+  member = load_config(REPO / "configs/multi30k_ensemble.py")
+  changed = {f"{group}.{key}": value for group, values in member.to_dict().items()
+             if isinstance(values, dict) for key, value in values.items()
+             if value != default.to_dict()[group][key]}
+  assert changed == {"train.steps": 4250, "decode.alpha": 1.2}
+
+
 def test_the_full_length_table3_runs_rows_c_and_d_and_the_unsettled_variants_for_the_whole_default():
   default = load_config(REPO / "configs/multi30k.py")
   grid = load_grid(str(REPO / "experiments/recipes/table3_multi30k_full.py"))

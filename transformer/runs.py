@@ -80,9 +80,10 @@ def load_runs(workdirs: Sequence[str | Path], step: int | None = None,
   runs = [load_run(w, step, average_last) for w in workdirs]
   first = runs[0]
   for member in runs[1:]:
-    if member.vocab.serialized_model_proto() != first.vocab.serialized_model_proto():
+    if not vocab_lib.same_vocabulary(member.vocab, first.vocab):
       raise ConfigError(f"--ensemble: {member.workdir} has a different vocabulary from "
                         f"{first.workdir} ({member.vocab.get_piece_size()} vs "
                         f"{first.vocab.get_piece_size()} pieces, or other pieces); an ensemble "
-                        "needs runs trained with one shared vocab.model")
+                        "needs runs trained with one shared vocabulary (copy one run's vocab.model "
+                        "into the next run's new workdir before training it: training reuses it)")
   return runs

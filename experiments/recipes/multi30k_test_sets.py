@@ -1,9 +1,11 @@
 """Multi30k's official test sets, scored once per run, beside the literature's numbers.
 
-    python -m experiments.recipes.multi30k_test_sets RUN [RUN ...] --test_dir=DIR \
+    python -m experiments.recipes.multi30k_test_sets RUN[,RUN...] [RUN[,RUN...] ...] --test_dir=DIR \
         [--output_dir=experiments/results/multi30k_test_sets] [--beam_size=B --alpha=A ...]
 
-The runs are seeds of one recipe and one language pair (their configs say which). Each is scored
+The runs are seeds of one recipe and one language pair (their configs say which); a comma-separated
+RUN,RUN,... is one seed of an ensemble recipe, its runs decoded together (transformer-eval's
+--ensemble; they must share the vocabulary). Each is scored
 with transformer-eval's search (the moving average of its last checkpoint, as the README's figures;
 the runs' decode config unless transformer-eval's search flags say otherwise; named in the table)
 on its validation split and on test_2016_flickr, test_2017_flickr and test_2017_mscoco: sacreBLEU and
@@ -100,6 +102,12 @@ def one_search(configs: Sequence[Any], overrides: dict[str, Any]) -> dict[str, A
   return dict(searches.pop())
 
 
+def seed_label(configs: Sequence[Any]) -> str:
+  """'seed 0' for a run, 'seeds 0+1' for an ensemble of runs (one seed of an ensemble recipe)."""
+  seeds = [str(c.seed) for c in configs]
+  return f"seed {seeds[0]}" if len(seeds) == 1 else "seeds " + "+".join(seeds)
+
+
 def scores(report: dict) -> dict[str, float]:
   return {"sacrebleu": report["sacrebleu"]["bleu"], "lc_tok": report["lc_tok_bleu"]["bleu"],
           "bp": report["lc_tok_bleu"]["brevity_penalty"]}
@@ -129,28 +137,28 @@ def table(direction: str, seeds: Sequence[str], results: dict[str, list[dict[str
 def main(argv: list[str]) -> None:
   workdirs = argv[1:]
   if not workdirs or not FLAGS.test_dir:
-    raise ConfigError("usage: python -m experiments.recipes.multi30k_test_sets RUN [RUN ...] "
+    raise ConfigError("usage: python -m experiments.recipes.multi30k_test_sets RUN[,RUN...] "
                       "--test_dir=DIR")
   start = time.time()
-  runs = {workdir: load_runs([workdir], None, 1) for workdir in workdirs}
+  runs = {members: load_runs(members.split(","), None, 1) for members in workdirs}
   configs = [loaded[0].config for loaded in runs.values()]
   direction, cfg = one_direction(configs), configs[0]
   files = find_test_files(FLAGS.test_dir, cfg.data.src_lang, cfg.data.tgt_lang)
   sets = {cfg.data.eval_split: {}} | {name: {"source_file": str(s), "reference_file": str(t)}
                                       for name, (s, t) in files.items()}
   if FLAGS.ensemble:
-    raise ConfigError("--ensemble does not apply here: each RUN is scored on its own")
+    raise ConfigError("--ensemble does not apply here: name an ensemble's runs as RUN,RUN")
   search = search_overrides()
   described = one_search(configs, search)
   results: dict[str, list[dict[str, float]]] = {}
-  for workdir, loaded in runs.items():
-    cache: dict = {}  # per run: a compiled search belongs to one run's model
+  for members, loaded in runs.items():
+    cache: dict = {}  # per seed: a compiled search belongs to its runs' models
     for name, where in sets.items():
-      found = scores(evaluate_lib.evaluate(workdir, loaded=loaded, compiled_cache=cache, **where,
-                                           **search))
+      found = scores(evaluate_lib.evaluate(str(loaded[0].workdir), loaded=loaded,
+                                           compiled_cache=cache, **where, **search))
       results.setdefault(name, []).append(found)
-      print(json.dumps({"workdir": workdir, "set": name, **found}), flush=True)
-  seeds = [f"seed {c.seed}" for c in configs]
+      print(json.dumps({"workdir": members, "set": name, **found}), flush=True)
+  seeds = [seed_label([run.config for run in loaded]) for loaded in runs.values()]
   folder = Path(FLAGS.output_dir) / direction
   folder.mkdir(parents=True, exist_ok=True)
   path = folder / "results.md"

@@ -27,6 +27,7 @@ from pathlib import Path
 import ml_collections
 import numpy as np
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
 from transformer.data.sources import DataError, tfds_data_dir
 from transformer.files import write_atomically
@@ -73,6 +74,23 @@ def load_vocab(path: str | os.PathLike) -> spm.SentencePieceProcessor:
   except (RuntimeError, OSError) as e:
     raise DataError(f"{path} is not a SentencePiece model ({str(e).strip().splitlines()[0]})"
                     ) from None
+
+
+# Fields of a SentencePiece model that record how it was trained, not how it encodes: the temporary
+# path it was written to, the input files and the trainer's thread count.
+_TRAINING_RECORD = ("model_prefix", "input", "num_threads")
+
+
+def same_vocabulary(a: spm.SentencePieceProcessor, b: spm.SentencePieceProcessor) -> bool:
+  """Whether `a` and `b` encode and decode alike: the same model once the training record is left
+  out (two runs' vocabularies trained on the same sentences differ only in it, e.g. in the temporary
+  `model_prefix`, so comparing the files' bytes would call them different)."""
+  def essential(vocab: spm.SentencePieceProcessor) -> bytes:
+    proto = sentencepiece_model_pb2.ModelProto.FromString(vocab.serialized_model_proto())
+    for field in _TRAINING_RECORD:
+      proto.trainer_spec.ClearField(field)
+    return proto.SerializeToString(deterministic=True)
+  return essential(a) == essential(b)
 
 
 def load_run_vocab(workdir: str | os.PathLike, data: ml_collections.ConfigDict
