@@ -4,25 +4,32 @@
         --workdir=runs/m30k_ens/seed$s; done
     transformer-eval --workdir=runs/m30k_ens/seed0 --ensemble=runs/m30k_ens/seed1
 
+`configs/multi30k_ensemble.py:en-fr` is the same for English->French (configs/multi30k_enfr.py).
 configs/multi30k.py stopped at step 4,250 (neither its learning-rate schedule nor its moving average
 depends on train.steps, so this is the default's own step-4,250 checkpoint), so that two seeds
-train in the default's 40 minutes on the 2-core AMD EPYC VMs (19m20s each there); transformer-eval
-averages the two models' next-token log-probabilities at every step of one beam search (beam 4, the
-length penalty's alpha 1.2 instead of 0.6: the middle of the plateau of a sweep on the first pair of
-seeds, against the ensemble's short outputs). The seeds share their vocabulary (on
-Multi30k every seed trains it on all 29,000 pairs, so they come out identical). Chosen on
-validation: experiments/results/multi30k_test_sets/en-de/README.md. Float32 throughout, so it needs
-no bf16 hardware; on a slower CPU (the Xeon VM trained the default in 36 minutes) two runs exceed
-the 40 minutes.
+train in the default's 40 minutes on the 2-core AMD EPYC VMs (En->De 19m25s each there, En->Fr
+19m50s-20m14s); transformer-eval averages the two models' next-token log-probabilities at every
+step of one beam search (beam 4, the length penalty's alpha 1.2 instead of 0.6: the middle of the
+plateau of a sweep on the first En->De pair of seeds, against the ensemble's short outputs; flat
+for French). The seeds share their vocabulary (on Multi30k every seed trains it on all 29,000
+pairs, so they come out identical). Chosen on validation:
+experiments/results/multi30k_test_sets/en-de/README.md. Float32 throughout, so it needs no bf16
+hardware; on a slower CPU (the Xeon VM trained the default in 36 minutes) two runs exceed the 40
+minutes.
 """
 
 import runpy
 from pathlib import Path
 
+DEFAULTS = {"en-de": "multi30k.py", "en-fr": "multi30k_enfr.py"}
 
-def get_config():
-  # The En->De default, run by path (config files are not a package on sys.path).
-  c = runpy.run_path(str(Path(__file__).with_name("multi30k.py")))["get_config"]()
+
+def get_config(pair: str = "en-de"):
+  if pair not in DEFAULTS:
+    raise ValueError(f"configs/multi30k_ensemble.py:{pair}: the language pair must be one of "
+                     f"{', '.join(DEFAULTS)}")
+  # The pair's default, run by path (config files are not a package on sys.path).
+  c = runpy.run_path(str(Path(__file__).with_name(DEFAULTS[pair])))["get_config"]()
   c.train.steps = 4250
   c.decode.alpha = 1.2
   return c

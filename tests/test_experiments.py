@@ -23,11 +23,11 @@ from transformer.experiments.grids import Grid, Variant, load_grid
 from transformer.experiments.run import base_arguments, plan, selected, variant_config
 
 
-def load_config(path):
+def load_config(path, *args):
   spec = importlib.util.spec_from_file_location("cfg", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  return module.get_config(*args)
 
 
 @pytest.mark.parametrize("base", ["configs/multi30k.py", None])
@@ -544,13 +544,19 @@ def test_the_test_set_table_labels_an_ensemble_by_its_runs_seeds():
   assert seed_label(members[:1]) == "seed 0" and seed_label(members) == "seeds 0+1"
 
 
-def test_the_ensemble_recipe_is_the_default_at_4250_steps_with_a_longer_length_penalty():
-  default = load_config(REPO / "configs/multi30k.py")
-  member = load_config(REPO / "configs/multi30k_ensemble.py")
+@pytest.mark.parametrize("pair,default", [(None, "multi30k.py"), ("en-de", "multi30k.py"),
+                                          ("en-fr", "multi30k_enfr.py")])
+def test_the_ensemble_recipe_is_the_pairs_default_at_4250_steps_with_a_longer_length_penalty(
+    pair, default):
+  default = load_config(REPO / "configs" / default)
+  recipe = REPO / "configs/multi30k_ensemble.py"
+  member = load_config(recipe, pair) if pair else load_config(recipe)
   changed = {f"{group}.{key}": value for group, values in member.to_dict().items()
              if isinstance(values, dict) for key, value in values.items()
              if value != default.to_dict()[group][key]}
   assert changed == {"train.steps": 4250, "decode.alpha": 1.2}
+  with pytest.raises(ValueError, match="the language pair must be one of en-de, en-fr"):
+    load_config(recipe, "de-en")
 
 
 def test_the_full_length_table3_runs_rows_c_and_d_and_the_unsettled_variants_for_the_whole_default():
