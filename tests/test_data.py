@@ -2,9 +2,11 @@
 
 import gzip
 import importlib.util
+import sys
 
 import numpy as np
 import pytest
+import sentencepiece
 
 from transformer.config import ConfigError, base_config, validate
 from transformer.data import batching, sources
@@ -143,6 +145,17 @@ def test_vocabularies_trained_alike_are_the_same_whatever_their_training_record(
       sentences[1:], tmp_path / "c" / "v.model", 300))
   assert not vocab_lib.same_vocabulary(a, vocab_lib.train_vocab(
       sentences, tmp_path / "d" / "v.model", 300, normalization="nmt_nfkc_cf"))
+
+
+def test_without_a_usable_protobuf_vocabularies_are_compared_byte_for_byte(tmp_path, monkeypatch):
+  text = sources.load_split(base_config().data, "validation")
+  a = vocab_lib.train_vocab(text.source, tmp_path / "a" / "v.model", 300)
+  b = vocab_lib.train_vocab(text.source, tmp_path / "b" / "v.model", 300)
+  # The import fails (an attribute the package got from an earlier import would bypass sys.modules).
+  monkeypatch.setitem(sys.modules, "sentencepiece.sentencepiece_model_pb2", None)
+  monkeypatch.delattr(sentencepiece, "sentencepiece_model_pb2", raising=False)
+  assert vocab_lib.same_vocabulary(a, vocab_lib.load_vocab(tmp_path / "a" / "v.model"))
+  assert not vocab_lib.same_vocabulary(a, b)
 
 
 def test_case_folding_vocabulary_lowercases_both_sides_and_has_its_own_cache_entry(tmp_path):

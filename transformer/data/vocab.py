@@ -27,7 +27,6 @@ from pathlib import Path
 import ml_collections
 import numpy as np
 import sentencepiece as spm
-from sentencepiece import sentencepiece_model_pb2
 
 from transformer.data.sources import DataError, tfds_data_dir
 from transformer.files import write_atomically
@@ -84,7 +83,18 @@ _TRAINING_RECORD = ("model_prefix", "input", "num_threads")
 def same_vocabulary(a: spm.SentencePieceProcessor, b: spm.SentencePieceProcessor) -> bool:
   """Whether `a` and `b` encode and decode alike: the same model once the training record is left
   out (two runs' vocabularies trained on the same sentences differ only in it, e.g. in the temporary
-  `model_prefix`, so comparing the files' bytes would call them different)."""
+  `model_prefix`, so comparing the files' bytes would call them different).
+
+  Reading the model needs SentencePiece's generated protobuf module, which refuses a protobuf
+  runtime older than the one it was generated for; with such a runtime the files' bytes are
+  compared instead (stricter: never calls two different vocabularies the same)."""
+  try:
+    from sentencepiece import sentencepiece_model_pb2
+  except Exception:  # ImportError, or protobuf's VersionError for an older runtime
+    log.warning("cannot read SentencePiece models with this protobuf; comparing vocabularies "
+                "byte for byte")
+    return a.serialized_model_proto() == b.serialized_model_proto()
+
   def essential(vocab: spm.SentencePieceProcessor) -> bytes:
     proto = sentencepiece_model_pb2.ModelProto.FromString(vocab.serialized_model_proto())
     for field in _TRAINING_RECORD:
