@@ -57,7 +57,8 @@ def deltas(seeds: Sequence[tuple[float | None, float | None]]) -> list[float]:
 
 
 def signs_disagree(seeds: Sequence[tuple[float | None, float | None]]) -> bool:
-  return any(d > 0 for d in deltas(seeds)) and any(d < 0 for d in deltas(seeds))
+  measured = deltas(seeds)
+  return any(d > 0 for d in measured) and any(d < 0 for d in measured)
 
 
 def compare(short: dict, long: dict) -> tuple[list[str], list[str], list[str]]:
@@ -83,8 +84,9 @@ def compare(short: dict, long: dict) -> tuple[list[str], list[str], list[str]]:
 def report(short_path: str, long_path: str) -> str:
   long = read_table(long_path)
   lines, changed, disagree = compare(read_table(short_path), long)
-  counted = [f"{name} ({len(deltas(long[name]))} seeds)" for name in disagree]
-  two = [name for name in disagree if len(deltas(long[name])) < 3]
+  seeds = {name: len(deltas(long[name])) for name in disagree}
+  counted = [f"{name} ({count} seeds)" for name, count in seeds.items()]
+  two = [name for name, count in seeds.items() if count < 3]
   text = [f"Short: `{short_path}`; long: `{long_path}`. Verdicts: every seed's dev Δ of one sign "
           f"with paired-bootstrap p < {SIGNIFICANT}.", "", *lines, "",
           "Changed with the length: " + ("; ".join(changed) if changed else "none"),
