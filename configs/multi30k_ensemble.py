@@ -8,7 +8,7 @@
 configs/multi30k.py stopped at step 4,250 (neither its learning-rate schedule nor its moving average
 depends on train.steps, so this is the default's own step-4,250 checkpoint), so that two seeds
 train in the default's 40 minutes on the 2-core AMD EPYC VMs (En->De 19m25s each there, En->Fr
-19m50s-20m14s); transformer-eval averages the two models' next-token log-probabilities at every
+19m04s-20m14s); transformer-eval averages the two models' next-token log-probabilities at every
 step of one beam search (beam 4, the length penalty's alpha 1.2 instead of 0.6: the middle of the
 plateau of a sweep on the first En->De pair of seeds, against the ensemble's short outputs; flat
 for French). The seeds share their vocabulary (on Multi30k every seed trains it on all 29,000
