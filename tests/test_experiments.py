@@ -605,16 +605,6 @@ def test_the_bf16_recipe_is_the_default_with_bf16_products_dropout_0_2_8000_step
                      "decode.beam_size": 6, "decode.alpha": 1.4}
 
 
-def test_the_bf16_ensemble_member_is_the_bf16_recipe_at_5250_steps_with_the_ensembles_search():
-  from transformer.config import validate
-  bf16 = load_config(REPO / "configs/multi30k_bf16.py")
-  member = load_config(REPO / "configs/multi30k_ensemble_bf16.py")
-  validate(member)
-  assert changed_keys(member, bf16) == {"train.steps": 5250, "decode.beam_size": 4, "decode.alpha": 1.2}
-  float32_member = load_config(REPO / "configs/multi30k_ensemble.py")
-  assert member.decode.to_dict() == float32_member.decode.to_dict()  # the same search as the float32 pair
-
-
 def test_the_length_comparison_calls_a_conclusion_only_when_every_seed_signs_it(tmp_path):
   from experiments.analyses.table3_lengths import compare, read_table, report, verdict
   header = "variant,seed,dev_delta,dev_p\n"
