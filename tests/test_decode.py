@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from helpers import init_params, random_tokens, tiny_model_config
 
-from transformer import decoding, reference
+from transformer import decoding, reference, translator
 from transformer.model import BOS_ID, EOS_ID, PAD_ID, Transformer
+from transformer.projection import SEARCH_MATRIX
 
 VOCAB = 12
 SLOW = pytest.mark.slow  # more cases of a kind the default run covers once (pytest -m slow)
@@ -236,6 +237,28 @@ def test_sampled_first_tokens_follow_the_filtered_distribution(setup, options):
     keep[order[(np.cumsum(probs) - probs) >= options["top_p"]]] = False
   expected = np.where(keep, np.exp(logits - logits.max()), 0.0)
   np.testing.assert_allclose(counts, expected / expected.sum(), atol=0.03)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_searches_transposed_projection_matrix_gives_the_reference_hypotheses(shared):
+  model = Transformer(tiny_model_config(vocab_size=VOCAB, share_embeddings=shared))
+  params = init_params(model, seed=2, scale=2.0)
+  src = jnp.asarray(random_tokens(np.random.default_rng(2), 3, 5, VOCAB, lengths=[5, 4, 2]))
+  (searched,) = translator.search_params([model], [params])
+  matrix = params["embed"]["embedding"] if shared else params["decoder"]["output_embedding"]
+  np.testing.assert_array_equal(searched["decoder"][SEARCH_MATRIX], np.asarray(matrix).T)
+  limits = np.array([8, 6, 5])
+  result = beam(model, searched, src, limits, 9, beam_size=3, nbest=3)
+  for row in range(len(limits)):
+    expected = reference.beam_search(model, params, src[row], limits[row], 3, 0.6, nbest=3)
+    assert as_lists(result.tokens[row])[:len(expected)] == [seq for seq, _ in expected]
+    np.testing.assert_allclose(np.asarray(result.scores[row])[:len(expected)],
+                               [score for _, score in expected], rtol=1e-5, atol=1e-5)
+  # The decoder reads the transposed copy when it is there: a different matrix, other log-probs.
+  other = {**searched, "decoder": {**searched["decoder"], SEARCH_MATRIX: -searched["decoder"][
+      SEARCH_MATRIX]}}
+  assert not np.allclose(beam(model, other, src, limits, 9, beam_size=3).scores,
+                         result.scores[:, :1])
 
 
 def test_an_ensemble_of_one_model_twice_is_the_model(setup):

@@ -33,7 +33,7 @@ import ml_collections
 from transformer import kv_cache, partitioning
 from transformer.attention import SEQUENCE, Keys, attention, attention_kernel
 from transformer.products import low_precision_dot_general
-from transformer.projection import output_logits
+from transformer.projection import SEARCH_MATRIX, output_logits, search_logits
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 
@@ -388,7 +388,10 @@ class Decoder(nn.Module):
                           _init(nn.initializers.normal(cfg.d_model ** -0.5), "vocab", "embed"),
                           (cfg.vocab_size, cfg.d_model))
     product_dtype = cfg.vocab_matmul_dtype or cfg.matmul_dtype
-    if product_dtype is None:
+    if decode and self.has_variable("params", SEARCH_MATRIX):  # translator.search_params
+      logits = search_logits(x.astype(cfg.dtype), self.get_variable("params", SEARCH_MATRIX),
+                             product_dtype)
+    elif product_dtype is None:
       logits = output_logits(x.astype(cfg.dtype), jnp.asarray(matrix, cfg.dtype))
     else:  # the matrix as stored (float32, or bf16 for quantised decoding), rounded for the product
       logits = output_logits(x.astype(cfg.dtype), matrix, product_dtype)

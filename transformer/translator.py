@@ -28,6 +28,7 @@ from transformer.config import DECODE_MATMUL_DTYPES, ConfigError
 from transformer.data import batching
 from transformer.data.batching import pad_rows
 from transformer.model import EOS_ID, PAD_ID, Transformer
+from transformer.projection import SEARCH_MATRIX
 
 DECODE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)  # coarse: few shapes, padding is cheap here
 QUEUE_BATCHES = 16  # sentences per call, in batches: the queue drains (wastes) once per call
@@ -242,6 +243,22 @@ def with_matmul_dtype(models: Sequence[Transformer], params: Any, dtype: str
   return models, jax.tree_util.tree_map_with_path(cast, params)
 
 
+def search_params(models: Sequence[Transformer], params: Sequence[Any]) -> tuple[Any, ...]:
+  """The members' params as a search on this backend reads them: on CPUs each decoder also gets its
+  projection onto the vocabulary stored transposed, [D, V] (projection.search_logits: XLA's CPU
+  product runs faster with the vocabulary the matrix's minor dimension at a step's few rows). The
+  copy is made on the host and transferred, so no program runs for it (profiles count the search's
+  executions). Other backends get the params as they are."""
+  if jax.default_backend() != "cpu":
+    return tuple(params)
+  def add(model: Transformer, p: Any) -> Any:
+    matrix = (p["embed"]["embedding"] if model.config.share_embeddings
+              else p["decoder"]["output_embedding"])
+    transposed = jax.device_put(np.ascontiguousarray(np.asarray(matrix).T))
+    return {**p, "decoder": {**p["decoder"], SEARCH_MATRIX: transposed}}
+  return tuple(add(m, p) for m, p in zip(models, params))
+
+
 def search_ids(models: Transformer | Sequence[Transformer], params: Any,
                ids: Sequence[Sequence[int]], settings: SearchSettings, max_source_len: int,
                compiled_cache: dict | None = None,
@@ -255,6 +272,7 @@ def search_ids(models: Transformer | Sequence[Transformer], params: Any,
   """
   models, params = decoding.as_ensemble(models, params)
   models, params = with_matmul_dtype(models, params, settings.matmul_dtype)
+  params = search_params(models, params)
   compiled_cache = {} if compiled_cache is None else compiled_cache
   mesh = partitioning.data_mesh()
   results: list[list[tuple[list[int], float, float]]] = [[] for _ in ids]

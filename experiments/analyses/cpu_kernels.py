@@ -1,6 +1,8 @@
-"""The kernels behind two decoding choices, timed alone on this machine: matrix products in float32,
-bf16 and int8 (why quantised decoding uses bf16 matrices), and XLA's top-k against the chunked one
-(decoding.base.top_k), at the default model's decoding shapes.
+"""The kernels behind three decoding choices, timed alone on this machine: matrix products in float32,
+bf16 and int8 (why quantised decoding uses bf16 matrices), the projection onto the vocabulary with
+the matrix stored [V, D] or [D, V] (why a search on CPUs stores it transposed:
+translator.search_params), and XLA's top-k against the chunked one (decoding.base.top_k), at the
+default model's decoding shapes.
 
     python experiments/analyses/cpu_kernels.py
 
@@ -45,6 +47,23 @@ def products() -> None:
           f" GFLOP/s), bf16 {bf16:.2f} ms ({f32 / bf16:.2f}x), int8 {int8:.2f} ms ({f32 / int8:.2f}x)")
 
 
+def projection_layouts(steps: int = 200) -> None:
+  """[rows, 256] x the [8,000, 256] matrix as stored for training, against its [256, 8,000] copy, at
+  a decoding step's row counts; `steps` products per call in a loop, as a search runs them."""
+  for rows in (8, 16, 32, 64, 128):
+    x = jax.random.normal(jax.random.key(1), (rows, 256))
+    matrix = jax.random.normal(jax.random.key(2), (8000, 256)) * 0.05
+    def loop(x, w, spec):
+      body = lambda i, c: c + jnp.einsum(spec, c, w)[:, :256] * 1e-3
+      return jax.lax.fori_loop(0, steps, body, x)
+    vd = ms_per_call(jax.jit(lambda x, w: loop(x, w, "md,vd->mv")), x, matrix, calls=5)
+    dv = ms_per_call(jax.jit(lambda x, w: loop(x, w, "md,dv->mv")), x, jnp.transpose(matrix),
+                     calls=5)
+    gflop = 2 * rows * 256 * 8000 * steps / 1e6
+    print(f"[{rows}, 256] x vocabulary: [V, D] {gflop / vd:.0f} GFLOP/s, [D, V] {gflop / dv:.0f} "
+          f"GFLOP/s ({vd / dv:.2f}x)")
+
+
 def top_ks() -> None:
   for rows, width, k in ((64, 4 * 8000, 8), (256, 8000, 8), (64, 8000, 1)):
     x = jax.random.normal(jax.random.key(1), (rows, width))
@@ -57,4 +76,5 @@ def top_ks() -> None:
 if __name__ == "__main__":
   print(f"JAX {jax.__version__}, {jax.devices()[0].device_kind}")
   products()
+  projection_layouts()
   top_ks()
