@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers import init_params, random_tokens, tiny_model_config
 
-from transformer import decoding, reference, translator
+from transformer import decoding, partitioning, reference, translator
 from transformer.model import BOS_ID, EOS_ID, PAD_ID, Transformer
 from transformer.projection import SEARCH_MATRIX
 
@@ -244,7 +244,7 @@ def test_the_searches_transposed_projection_matrix_gives_the_reference_hypothese
   model = Transformer(tiny_model_config(vocab_size=VOCAB, share_embeddings=shared))
   params = init_params(model, seed=2, scale=2.0)
   src = jnp.asarray(random_tokens(np.random.default_rng(2), 3, 5, VOCAB, lengths=[5, 4, 2]))
-  (searched,) = translator.search_params([model], [params])
+  (searched,) = translator.search_params([model], [params], partitioning.data_mesh())
   matrix = params["embed"]["embedding"] if shared else params["decoder"]["output_embedding"]
   np.testing.assert_array_equal(searched["decoder"][SEARCH_MATRIX], np.asarray(matrix).T)
   limits = np.array([8, 6, 5])

@@ -243,18 +243,21 @@ def with_matmul_dtype(models: Sequence[Transformer], params: Any, dtype: str
   return models, jax.tree_util.tree_map_with_path(cast, params)
 
 
-def search_params(models: Sequence[Transformer], params: Sequence[Any]) -> tuple[Any, ...]:
+def search_params(models: Sequence[Transformer], params: Sequence[Any], mesh: Mesh
+                  ) -> tuple[Any, ...]:
   """The members' params as a search on this backend reads them: on CPUs each decoder also gets its
   projection onto the vocabulary stored transposed, [D, V] (projection.search_logits: XLA's CPU
   product runs faster with the vocabulary the matrix's minor dimension at a step's few rows). The
-  copy is made on the host and transferred, so no program runs for it (profiles count the search's
-  executions). Other backends get the params as they are."""
+  copy is made on the host and placed on every device of `mesh` once, so no program runs for it
+  (profiles count the search's executions) and no call copies it again. Other backends get the
+  params as they are."""
   if jax.default_backend() != "cpu":
     return tuple(params)
   def add(model: Transformer, p: Any) -> Any:
     matrix = (p["embed"]["embedding"] if model.config.share_embeddings
               else p["decoder"]["output_embedding"])
-    transposed = jax.device_put(np.ascontiguousarray(np.asarray(matrix).T))
+    transposed = jax.device_put(np.ascontiguousarray(np.asarray(matrix).T),
+                                partitioning.replicated(mesh))
     return {**p, "decoder": {**p["decoder"], SEARCH_MATRIX: transposed}}
   return tuple(add(m, p) for m, p in zip(models, params))
 
@@ -272,9 +275,9 @@ def search_ids(models: Transformer | Sequence[Transformer], params: Any,
   """
   models, params = decoding.as_ensemble(models, params)
   models, params = with_matmul_dtype(models, params, settings.matmul_dtype)
-  params = search_params(models, params)
-  compiled_cache = {} if compiled_cache is None else compiled_cache
   mesh = partitioning.data_mesh()
+  params = search_params(models, params, mesh)
+  compiled_cache = {} if compiled_cache is None else compiled_cache
   results: list[list[tuple[list[int], float, float]]] = [[] for _ in ids]
   compile_time, decode_time, generated = 0.0, 0.0, 0
   batches = _batches([len(i) for i in ids], settings.tokens_per_batch, max_source_len, mesh.size,
