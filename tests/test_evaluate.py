@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sacrebleu
 from helpers import init_params, run_cli, tiny_model_config, tiny_run_config
 from sentencepiece import sentencepiece_model_pb2
 
@@ -366,3 +367,39 @@ def test_a_test_file_is_named_without_its_language_and_compression():
   assert name_of_test_set(None, "x/long.en") == "long"
   assert name_of_test_set(None, "data/test_2016_flickr.en.gz") == "test_2016_flickr"
   assert name_of_test_set("validation", None) == "validation"
+
+
+def test_mbr_translates_with_the_beams_consensus(trained, tmp_path):
+  """--mbr: each translation is the hypothesis of the beam's n-best list with the highest expected
+  chrF against the list (computed here by brute force), and the programs write it."""
+  cfg, workdir = trained
+  run = load_run(workdir)
+  vocab, model, params = run.vocab, run.model, run.params()
+  sentences = sources.load_split(cfg.data, cfg.data.eval_split).source[:12]
+  plain = translate(model, params, vocab, sentences,
+                    SearchSettings(beam_size=3, nbest=3, max_extra_len=5),
+                    max_source_len=cfg.data.max_len)
+  result = translate(model, params, vocab, sentences,
+                     SearchSettings(beam_size=3, max_extra_len=5, mbr="chrf", mbr_temperature=0.5),
+                     max_source_len=cfg.data.max_len)
+  for nbest, chosen, kept in zip(plain.nbest, result.hypotheses, result.nbest):
+    texts, scores = [h["text"] for h in nbest], np.array([h["score"] for h in nbest])
+    w = np.exp((scores - scores.max()) / 0.5)
+    w /= w.sum()
+    expected = [sum(wj * sacrebleu.sentence_chrf(h, [r]).score for wj, r in zip(w, texts))
+                for h in texts]
+    assert chosen == texts[int(np.argmax(expected))]
+    assert len(kept) == 1 and kept[0]["text"] == texts[0]  # nbest=1: the best-scored, annotated
+    assert kept[0]["expected_utility"] == pytest.approx(expected[0], rel=1e-9)
+  assert "mbr_sec" in result.stats
+
+  source = tmp_path / "in.en"
+  source.write_text("\n".join(sentences[:3]) + "\n")
+  out = run_cli("transformer.translate", f"--workdir={workdir}", f"--input_file={source}",
+                f"--output_file={tmp_path / 'out.de'}", "--beam_size=3", "--nbest=3",
+                "--mbr=chrf", "--mbr_temperature=0.5")
+  assert out.returncode == 0, out.stderr[-3000:]
+  lists = [json.loads(line) for line in (tmp_path / "out.de.nbest.jsonl").read_text().splitlines()]
+  assert (tmp_path / "out.de").read_text().splitlines() == result.hypotheses[:3]
+  assert [entry["translation"] for entry in lists] == result.hypotheses[:3]
+  assert all(len(entry["hypotheses"]) == 3 for entry in lists)

@@ -118,6 +118,12 @@ def define_search_flags(sampling: bool = False) -> None:
                       "quantised decoding: faster on CPUs with AVX512-BF16 and on GPUs; sums and "
                       "activations stay float32; bfloat16_vocab rounds the projection onto the "
                       "vocabulary only (docs/evaluating.md gives the BLEU change of each).")
+  flags.DEFINE_string("mbr", None, "Minimum Bayes risk decoding: 'chrf' or 'bleu' chooses, among "
+                      "the beam's hypotheses, the one with the highest expected sentence chrF "
+                      "(BLEU) against the others, weighted by their scores; '' = the best-scored "
+                      "(default: config.decode.mbr). A larger beam gives it more candidates (8).")
+  flags.DEFINE_float("mbr_temperature", None, "With --mbr: the softmax temperature over the "
+                     "hypotheses' scores that weights them (default: config.decode.mbr_temperature).")
   flags.DEFINE_integer("cpu_devices", 0, "On a CPU: decode with this many JAX devices, each "
                        "translating its own share of the sentences (0 = one per core; 1 = one "
                        "device). XLA runs the decoder's small matrix products on one core per "
@@ -143,7 +149,7 @@ def search_overrides() -> dict:
   """The search flags that were given, as SearchSettings fields (None where not given)."""
   f = flags.FLAGS
   names = ["search", "beam_size", "alpha", "max_extra_len", "min_len", "nbest", "temperature",
-           "top_k", "top_p", "seed", "tokens_per_batch", "matmul_dtype"]
+           "top_k", "top_p", "seed", "tokens_per_batch", "matmul_dtype", "mbr", "mbr_temperature"]
   overrides = {name: f[name].value for name in names if name in f}
   if "sample" in f and f.sample:
     deprecated("--sample", "--search=sample")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from transformer import mbr
 from transformer.errors import UserError
 
 POSITIONAL_KINDS = ("sinusoidal", "learned")
@@ -149,6 +150,9 @@ def _decode_keys() -> ml_collections.ConfigDict:
   decode.matmul_dtype = "float32"   # 'bfloat16': the search's weight matrices in bf16, float32
                                     # sums and activations (quantised decoding; docs/evaluating.md);
                                     # 'bfloat16_vocab': the projection onto the vocabulary only.
+  decode.mbr = ""                   # 'chrf' or 'bleu': choose among the beam's hypotheses by
+                                    # minimum Bayes risk with that utility (mbr.py); '' = off.
+  decode.mbr_temperature = 0.75     # softmax temperature over the hypotheses' scores (MBR weights).
   return decode
 
 
@@ -263,6 +267,13 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
     _probability(cfg, key)
   if cfg.decode.alpha < 0:
     raise ConfigError(f"config.decode.alpha must be >= 0, got {cfg.decode.alpha!r}")
+  _choice(cfg, "decode.mbr", ("", *mbr.UTILITIES))
+  if cfg.decode.mbr and cfg.decode.beam_size < 2:
+    raise ConfigError(f"config.decode.mbr reranks a beam's hypotheses: set config.decode.beam_size "
+                      f">= 2 (e.g. 8), got {cfg.decode.beam_size}")
+  if cfg.decode.mbr_temperature <= 0:
+    raise ConfigError(f"config.decode.mbr_temperature must be > 0, got "
+                      f"{cfg.decode.mbr_temperature!r}")
   if cfg.data.vocab_size < 8:
     raise ConfigError(f"config.data.vocab_size must be at least 8, got {cfg.data.vocab_size}")
 

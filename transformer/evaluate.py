@@ -54,10 +54,12 @@ def report_path(workdir: str | Path, test_set: str, step: int, averaged: int = 1
 
 
 def nbest_lines(sources: Sequence[str], translations: translator.Translations) -> str:
-  """One JSON line per sentence: its index, source and hypotheses (best first) with scores."""
-  return "".join(json.dumps({"index": i, "source": source, "hypotheses": hypotheses},
-                            ensure_ascii=False) + "\n"
-                 for i, (source, hypotheses) in enumerate(zip(sources, translations.nbest)))
+  """One JSON line per sentence: its index, source, translation (the best-scored hypothesis, or
+  the MBR choice) and hypotheses (best-scored first) with scores."""
+  return "".join(json.dumps({"index": i, "source": source, "translation": translation,
+                             "hypotheses": hypotheses}, ensure_ascii=False) + "\n"
+                 for i, (source, translation, hypotheses) in enumerate(
+                     zip(sources, translations.hypotheses, translations.nbest)))
 
 
 def evaluate(workdir: str, step: int | None = None, split: str | None = None,
@@ -191,11 +193,12 @@ def print_report(report: dict[str, Any]) -> None:
   print(f"  lowercased tokenized BLEU (the Multi30k literature's: lc.norm.tok, multi-bleu) "
         f"{report['lc_tok_bleu']['bleu']:.2f}")
   devices = report.get("devices", 1)
+  mbr_time = f"+{report['mbr_sec']:.1f}s MBR, " if "mbr_sec" in report else ""
   print(f"decoded {report['sentences']} sentences"
         f"{f' on {devices} devices' if devices > 1 else ''} in {format_duration(report['decode_sec'])} "
         f"({report['sentences_per_sec']:.1f} sentences/s, {report['target_tokens_per_sec']:.0f} "
         f"target tokens/s; +{report['compile_sec']:.1f}s compile, "
-        f"{format_duration(report['total_sec'])} in all); report: {report['files'][1]}")
+        f"{mbr_time}{format_duration(report['total_sec'])} in all); report: {report['files'][1]}")
 
 
 def run() -> None:

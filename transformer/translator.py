@@ -23,7 +23,7 @@ import numpy as np
 import sentencepiece as spm
 from jax.sharding import Mesh, PartitionSpec
 
-from transformer import decoding, partitioning, progress
+from transformer import decoding, mbr, partitioning, progress
 from transformer.config import DECODE_MATMUL_DTYPES, ConfigError
 from transformer.data import batching
 from transformer.data.batching import pad_rows
@@ -37,7 +37,8 @@ QUEUE_BATCHES = 16  # sentences per call, in batches: the queue drains (wastes) 
 @dataclasses.dataclass(frozen=True)
 class SearchSettings:
   """How to decode: which search (decoding.SEARCHES; beam search with beam_size 1 is greedy
-  search), its options, the output length limits and n-best lists."""
+  search), its options, the output length limits, n-best lists and MBR reranking (`mbr`: a
+  utility of mbr.UTILITIES, '' = off; the beam's beam_size hypotheses are its candidates)."""
   search: str = "beam"
   beam_size: int = 4
   alpha: float = 0.6
@@ -50,6 +51,8 @@ class SearchSettings:
   seed: int = 0
   tokens_per_batch: int = 1024  # source tokens per batch: the slots (decoding/loop.py) of a length bucket
   matmul_dtype: str = "float32"  # of the weight matrices while searching (config.DECODE_MATMUL_DTYPES)
+  mbr: str = ""
+  mbr_temperature: float = 0.75  # of the softmax over the candidates' scores that weights them
 
   @classmethod
   def from_config(cls, cfg: ml_collections.ConfigDict, **overrides: Any) -> SearchSettings:
@@ -57,7 +60,8 @@ class SearchSettings:
     settings = cls(beam_size=cfg.decode.beam_size, alpha=cfg.decode.alpha,
                    max_extra_len=cfg.decode.max_extra_len, min_len=cfg.decode.min_len,
                    tokens_per_batch=cfg.decode.tokens_per_batch,
-                   matmul_dtype=cfg.decode.matmul_dtype)
+                   matmul_dtype=cfg.decode.matmul_dtype, mbr=cfg.decode.mbr,
+                   mbr_temperature=cfg.decode.mbr_temperature)
     settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
     settings.check()
     return settings
@@ -93,6 +97,19 @@ class SearchSettings:
                         f"{self.matmul_dtype!r}")
     if self.tokens_per_batch < 1:
       raise ConfigError(f"--tokens_per_batch must be >= 1, got {self.tokens_per_batch}")
+    if self.mbr and self.mbr not in mbr.UTILITIES:
+      raise ConfigError(f"--mbr must be one of {', '.join(mbr.UTILITIES)} (or empty: off), got "
+                        f"{self.mbr!r}")
+    if self.mbr and (self.search != "beam" or self.beam_size < 2):
+      raise ConfigError(f"--mbr reranks a beam's hypotheses: use beam search with --beam_size >= 2 "
+                        f"(e.g. 8), not {self.search} search with --beam_size={self.beam_size}")
+    if self.mbr_temperature <= 0:
+      raise ConfigError(f"--mbr_temperature must be > 0, got {self.mbr_temperature:g}")
+
+  @property
+  def candidates(self) -> int:
+    """Hypotheses the search keeps per sentence: the n-best list, or the whole beam for MBR."""
+    return self.beam_size if self.mbr else self.nbest
 
   @property
   def search_class(self) -> type[decoding.Search]:
@@ -102,18 +119,21 @@ class SearchSettings:
 
   def tag(self, default: SearchSettings) -> str:
     """What names this search in report files beside `default` (the run config's): '' for the
-    same search, else e.g. '_greedy', '_beam8_alpha1', '_sample_seed3', '_extra20', '_bfloat16'; so another
+    same search, else e.g. '_greedy', '_beam8_alpha1', '_sample_seed3', '_extra20', '_bfloat16',
+    '_beam8_mbrchrf'; so another
     search never overwrites the default's report. (A minimum length has its own '_min<L>'.)"""
     mine, theirs = self.describe(), default.describe()
     mine.pop("min_len", None)
     theirs.pop("min_len", None)
     parts = [] if mine["search"] == theirs["search"] else [mine["search"]]
+    if "mbr" in theirs and "mbr" not in mine:
+      parts.append("nombr")
     short = {"beam_size": "beam", "max_extra_len": "extra", "temperature": "t", "top_k": "k",
-             "top_p": "p"}
+             "top_p": "p", "mbr_temperature": "mbrt"}
     for key, value in mine.items():
       if key != "search" and (mine["search"] != theirs["search"] or value != theirs.get(key)):
-        if key == "matmul_dtype":
-          parts.append(value)
+        if key in ("matmul_dtype", "mbr"):
+          parts.append(f"mbr{value}" if key == "mbr" else value)
         elif mine["search"] == theirs["search"] or key in ("seed", "temperature", "top_k", "top_p"):
           parts.append(f"{short.get(key, key)}{value:g}")
     return "".join(f"_{p}" for p in parts)
@@ -128,6 +148,8 @@ class SearchSettings:
       described["min_len"] = self.min_len
     if self.matmul_dtype != "float32":
       described["matmul_dtype"] = self.matmul_dtype
+    if self.mbr:  # the beam keeps beam_size hypotheses for it; nbest stays what is written out
+      described.update(nbest=self.nbest, mbr=self.mbr, mbr_temperature=self.mbr_temperature)
     return described
 
 
@@ -345,7 +367,13 @@ def translate(models: Transformer | Sequence[Transformer], params: Any,
   nbest = [[{"text": vocab.decode(tokens[:-1] if tokens[-1:] == [EOS_ID] else tokens),
              "score": score, "log_prob": log_prob, "tokens": len(tokens)}
             for tokens, score, log_prob in hypotheses] for hypotheses in results]
-  hypotheses = [n[0]["text"] if n else "" for n in nbest]
+  chosen = [0] * len(nbest)
+  if settings.mbr:
+    t = time.time()
+    chosen = mbr.rerank(nbest, settings.mbr, settings.mbr_temperature)
+    stats["mbr_sec"] = time.time() - t
+  hypotheses = [n[c]["text"] if n else "" for n, c in zip(nbest, chosen)]
+  nbest = [n[:settings.nbest] for n in nbest]
   return Translations(hypotheses, nbest, {**stats, "truncated_sources": truncated})
 
 

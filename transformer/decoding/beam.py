@@ -60,7 +60,7 @@ class BeamSearch(Search):
 
   @classmethod
   def from_settings(cls, settings: Any, index: jax.Array | None = None) -> BeamSearch:
-    return cls(settings.beam_size, settings.alpha, settings.nbest)
+    return cls(settings.beam_size, settings.alpha, settings.candidates)
 
   def describe(self) -> dict[str, Any]:
     return {"search": "beam", "beam_size": self.beam_size, "alpha": self.alpha, "nbest": self.nbest}

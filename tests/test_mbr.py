@@ -1,0 +1,71 @@
+"""MBR reranking: expected utilities against a hand computation with sacreBLEU's sentence scores,
+the choice it makes, its settings' errors and report names."""
+
+import numpy as np
+import pytest
+import sacrebleu
+
+from transformer import mbr
+from transformer.config import ConfigError, base_config, validate
+from transformer.translator import SearchSettings
+
+
+def test_weights_are_a_tempered_softmax_of_the_scores():
+  scores = [-1.0, -2.0, -4.0]
+  for temperature in (0.5, 1.0, 3.0):
+    z = np.exp(np.array(scores) / temperature)
+    np.testing.assert_allclose(mbr.weights(scores, temperature), z / z.sum(), rtol=1e-12)
+  np.testing.assert_allclose(mbr.weights([-1000.0, -1001.0], 1.0), mbr.weights([0.0, -1.0], 1.0))
+
+
+@pytest.mark.parametrize("utility", ["chrf", "bleu"])
+def test_expected_utilities_are_the_weighted_sentence_scores(utility):
+  texts = ["Ein Mann fährt Fahrrad.", "Ein Mann fährt ein Fahrrad.", "Eine Frau liest."]
+  scores = [-0.5, -0.7, -0.6]
+  w = mbr.weights(scores, 0.75)
+  score = (sacrebleu.sentence_chrf if utility == "chrf" else sacrebleu.sentence_bleu)
+  by_hand = [sum(w[j] * score(h, [r]).score for j, r in enumerate(texts)) for h in texts]
+  np.testing.assert_allclose(mbr.expected_utilities(texts, scores, utility, 0.75), by_hand,
+                             rtol=1e-9)
+
+
+def test_rerank_picks_the_consensus_and_the_top_hypothesis_as_the_temperature_falls():
+  nbest = [[{"text": "Eine Katze schläft auf dem Dach.", "score": -0.40},  # best-scored outlier
+            {"text": "Ein Hund läuft über eine grüne Wiese.", "score": -0.45},
+            {"text": "Ein Hund rennt über eine grüne Wiese.", "score": -0.50}],
+           []]  # an empty source has no hypotheses
+  assert mbr.rerank(nbest, "chrf", 1.0) == [1, 0]
+  utilities = [h["expected_utility"] for h in nbest[0]]
+  assert int(np.argmax(utilities)) == 1 and utilities[1] > utilities[2] > utilities[0]
+  assert mbr.rerank(nbest, "chrf", 0.001) == [0, 0]  # all the weight on the best-scored
+
+
+def test_settings_reject_mbr_without_a_beam_and_unknown_utilities():
+  with pytest.raises(ConfigError, match="--mbr reranks a beam's hypotheses: use beam search with "
+                     "--beam_size >= 2"):
+    SearchSettings(beam_size=1, mbr="chrf").check()
+  with pytest.raises(ConfigError, match="--mbr reranks a beam's hypotheses"):
+    SearchSettings(search="sample", mbr="chrf").check()
+  with pytest.raises(ConfigError, match="--mbr must be one of chrf, bleu"):
+    SearchSettings(mbr="comet").check()
+  with pytest.raises(ConfigError, match="--mbr_temperature must be > 0, got 0"):
+    SearchSettings(mbr="chrf", mbr_temperature=0.0).check()
+  cfg = base_config()
+  cfg.decode.mbr = "chrf"
+  cfg.decode.beam_size = 1
+  with pytest.raises(ConfigError, match="config.decode.mbr reranks a beam's hypotheses: set "
+                     "config.decode.beam_size >= 2"):
+    validate(cfg)
+  cfg.decode.mbr = "ter"
+  with pytest.raises(ConfigError, match="config.decode.mbr must be one of '', 'chrf', 'bleu'"):
+    validate(cfg)
+
+
+def test_mbr_keeps_the_whole_beam_and_names_its_reports():
+  default = SearchSettings()
+  chosen = SearchSettings(beam_size=8, mbr="chrf")
+  assert chosen.candidates == 8 and default.candidates == 1
+  assert chosen.describe()["nbest"] == 1 and chosen.describe()["mbr"] == "chrf"
+  assert chosen.tag(default) == "_beam8_mbrchrf_mbrt0.75"
+  assert SearchSettings(beam_size=8).tag(chosen) == "_nombr"
+  assert chosen.tag(chosen) == ""
