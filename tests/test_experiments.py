@@ -553,12 +553,13 @@ def test_the_test_set_table_labels_an_ensemble_by_its_runs_seeds():
 
 @pytest.mark.parametrize("pair,default", [(None, "multi30k.py"), ("en-de", "multi30k.py"),
                                           ("en-fr", "multi30k_enfr.py")])
-def test_the_ensemble_recipe_is_the_pairs_default_at_4250_steps_with_a_longer_length_penalty(
+def test_the_ensemble_recipe_is_the_pairs_default_at_4250_steps_decoded_by_mbr_over_8_hypotheses(
     pair, default):
   default = load_config(REPO / "configs" / default)
   recipe = REPO / "configs/multi30k_ensemble.py"
   member = load_config(recipe, *([pair] if pair else []))
-  assert changed_keys(member, default) == {"train.steps": 4250, "decode.alpha": 1.2}
+  assert changed_keys(member, default) == {"train.steps": 4250, "decode.beam_size": 8,
+                                           "decode.mbr": "chrf"}
   with pytest.raises(ValueError, match="the language pair must be one of en-de, en-fr"):
     load_config(recipe, "de-en")
 
