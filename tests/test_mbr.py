@@ -7,6 +7,7 @@ import sacrebleu
 
 from transformer import mbr
 from transformer.config import ConfigError, base_config, validate
+from transformer.data import sources
 from transformer.translator import SearchSettings
 
 
@@ -16,6 +17,16 @@ def test_weights_are_a_tempered_softmax_of_the_scores():
     z = np.exp(np.array(scores) / temperature)
     np.testing.assert_allclose(mbr.weights(scores, temperature), z / z.sum(), rtol=1e-12)
   np.testing.assert_allclose(mbr.weights([-1000.0, -1001.0], 1.0), mbr.weights([0.0, -1.0], 1.0))
+
+
+def test_the_chrf_matrix_is_sacrebleus_sentence_chrf_for_every_pair():
+  """The counted-once n-grams give sacreBLEU's scores: real sentences, near-duplicates, and the
+  edge cases (empty, whitespace, shorter than an n-gram, repeated words)."""
+  text = sources.load_split(base_config().data, "validation").target[:30]
+  texts = text + [text[0].replace("Männer", "Frauen"), text[1][:-1], "", "  ", "a", "Ein.",
+                  "ein Mann ein Mann ein Mann"]
+  by_sacrebleu = [[sacrebleu.sentence_chrf(h, [r]).score for r in texts] for h in texts]
+  np.testing.assert_allclose(mbr.chrf_matrix(texts), by_sacrebleu, rtol=0, atol=1e-9)
 
 
 @pytest.mark.parametrize("utility", ["chrf", "bleu"])
