@@ -27,12 +27,6 @@ from sacrebleu.metrics.helpers import extract_all_char_ngrams
 _CHRF = CHRF()
 _BLEU = BLEU(effective_order=True)  # sentence BLEU: n-gram orders a short sentence lacks are skipped
 
-UTILITIES: dict[str, Callable[[str, str], float]] = {
-    "chrf": lambda hypothesis, reference: _CHRF.sentence_score(hypothesis, [reference]).score,
-    "bleu": lambda hypothesis, reference: _BLEU.sentence_score(hypothesis, [reference]).score,
-}
-
-
 def weights(scores: Sequence[float], temperature: float) -> np.ndarray:
   """softmax(scores / temperature): how much each hypothesis counts as a pseudo-reference."""
   z = np.asarray(scores, np.float64) / temperature
@@ -69,15 +63,19 @@ def chrf_matrix(texts: Sequence[str]) -> np.ndarray:
                   / np.where(denominator > 0, denominator, 1.0), 0.0)
 
 
+def bleu_matrix(texts: Sequence[str]) -> np.ndarray:
+  """[n, n] sentence BLEU of hypothesis i against reference j: sacreBLEU's `sentence_score` per pair."""
+  return np.array([[_BLEU.sentence_score(h, [r]).score for r in texts] for h in texts], np.float64)
+
+
+# A utility maps a sentence's n-best texts to the [n, n] matrix of hypothesis-against-reference scores.
+UTILITIES: dict[str, Callable[[Sequence[str]], np.ndarray]] = {"chrf": chrf_matrix, "bleu": bleu_matrix}
+
+
 def expected_utilities(texts: Sequence[str], scores: Sequence[float], utility: str,
                        temperature: float) -> np.ndarray:
   """[n] each hypothesis's utility against every hypothesis of the list, weighted by `weights`."""
-  if utility == "chrf":
-    matrix = chrf_matrix(texts)
-  else:
-    u = UTILITIES[utility]
-    matrix = np.array([[u(h, r) for r in texts] for h in texts], np.float64)
-  return matrix @ weights(scores, temperature)
+  return UTILITIES[utility](texts) @ weights(scores, temperature)
 
 
 def rerank(nbest: Sequence[Sequence[dict[str, Any]]], utility: str, temperature: float
