@@ -89,7 +89,7 @@ def test_vocabulary_is_cached_per_dataset_and_setting(tmp_path, monkeypatch):
   source = sources.load_split(data, "train")
   (tmp_path / "run1").mkdir()
   first = vocab_lib.vocab_for_run(tmp_path / "run1", data, source, seed=0)
-  cached = vocab_lib.cached_vocab_path(data, seed=0)
+  cached = vocab_lib.cached_vocab_path(data, seed=0, corpus_pairs=len(source))
   assert cached.is_file() and cached.name == (
       "multi30k.train.en-de.bpe300.identity.sample3000.seed0.model")
 
@@ -106,6 +106,29 @@ def test_vocabulary_is_cached_per_dataset_and_setting(tmp_path, monkeypatch):
     vocab_lib.vocab_for_run(tmp_path / "run3", data, source, seed=0)
 
 
+def test_vocabulary_of_a_whole_corpus_is_one_cache_entry_for_every_seed(tmp_path, monkeypatch):
+  """A sample as large as the corpus is the corpus: the seed draws nothing, so it is not in the key."""
+  data = base_config().data
+  data.vocab_size, data.vocab_cache_dir = 300, str(tmp_path / "cache")
+  source = sources.ParallelText(*sources.load_split(data, "train").read(range(2000)), "head")
+  data.vocab_sample_sentences = len(source)
+  (tmp_path / "run0").mkdir()
+  first = vocab_lib.vocab_for_run(tmp_path / "run0", data, source, seed=0)
+  cached = vocab_lib.cached_vocab_path(data, seed=0, corpus_pairs=len(source))
+  assert cached.name == "multi30k.train.en-de.bpe300.identity.allpairs.model"
+  assert vocab_lib.cached_vocab_path(data, seed=7, corpus_pairs=len(source)) == cached
+
+  def no_training(*args, **kwargs):
+    raise AssertionError("the cached vocabulary should have been reused")
+  monkeypatch.setattr(vocab_lib, "train_vocab", no_training)
+  (tmp_path / "run1").mkdir()
+  second = vocab_lib.vocab_for_run(tmp_path / "run1", data, source, seed=1)
+  assert second.encode("Zwei Hunde") == first.encode("Zwei Hunde")
+  data.vocab_sample_sentences = len(source) - 1  # now a sample: each seed draws its own
+  assert vocab_lib.cached_vocab_path(data, seed=1, corpus_pairs=len(source)).name.endswith(
+      f".sample{len(source) - 1}.seed1.model")
+
+
 def test_vocabulary_cache_key_names_the_split_and_the_tfds_data_dir(tmp_path, monkeypatch):
   """Another training split or TFDS data directory is other text: it must not reuse a vocabulary."""
   data = base_config().data
@@ -115,11 +138,11 @@ def test_vocabulary_cache_key_names_the_split_and_the_tfds_data_dir(tmp_path, mo
   for split, data_dir in (("train", str(tmp_path / "a")), ("train[:50%]", str(tmp_path / "a")),
                           ("train", str(tmp_path / "b")), ("train", "gs://bucket/tfds")):
     data.train_split, data.tfds_data_dir = split, data_dir
-    paths.add(vocab_lib.cached_vocab_path(data, seed=0))
+    paths.add(vocab_lib.cached_vocab_path(data, seed=0, corpus_pairs=10**6))
   assert len(paths) == 4
   data.train_split, data.tfds_data_dir = "train", ""
   monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "a"))  # the same directory named another way
-  assert vocab_lib.cached_vocab_path(data, seed=0) in paths
+  assert vocab_lib.cached_vocab_path(data, seed=0, corpus_pairs=10**6) in paths
 
 
 def test_vocabulary_detokenizes_to_the_text_it_was_given(tmp_path):
@@ -167,7 +190,7 @@ def test_case_folding_vocabulary_lowercases_both_sides_and_has_its_own_cache_ent
   (tmp_path / "run").mkdir()
   vocab = vocab_lib.vocab_for_run(tmp_path / "run", data, source, seed=0)
   assert vocab.decode(vocab.encode("Zwei junge Männer im Park.")) == "zwei junge männer im park."
-  assert vocab_lib.cached_vocab_path(data, seed=0).name == (
+  assert vocab_lib.cached_vocab_path(data, seed=0, corpus_pairs=len(source)).name == (
       "multi30k.train.en-de.bpe300.nmt_nfkc_cf.sample3000.seed0.model")
   cfg = base_config()
   cfg.data.vocab_normalization = "lowercase"

@@ -296,6 +296,18 @@ def test_the_programs_write_nbest_lists_scores_samples_and_ensemble_reports(trai
                      flag, "--top_p=0.9", "--seed=5") for flag in ("--search=sample", "--sample")]
   assert samples[0].stdout == samples[1].stdout and len(samples[0].stdout.splitlines()) == 2
   assert "--sample is deprecated and will be removed; use --search=sample" in samples[1].stderr
+  out = run_cli("transformer.evaluate", f"--workdir={workdir}", "--search=sample", "--top_p=0.9",
+                "--seed=5")  # transformer-eval scores samples too, under their own name
+  assert out.returncode == 0, out.stderr[-3000:]
+  name = str(workdir / "eval" / "validation_step6_sample_t1_k0_p0.9_seed5_ema")
+  sampled = json.loads(Path(name + ".json").read_text())
+  assert sampled["decode"] == {"search": "sample", "temperature": 1.0, "top_k": 0, "top_p": 0.9,
+                               "seed": 5, "max_extra_len": cfg.decode.max_extra_len}
+  expected = translate(model, params, vocab, sources.load_split(cfg.data, cfg.data.eval_split).source,
+                       SearchSettings(search="sample", top_p=0.9, seed=5,
+                                      max_extra_len=cfg.decode.max_extra_len),
+                       max_source_len=cfg.data.max_len).hypotheses
+  assert Path(name + ".hyp.txt").read_text().splitlines() == expected
 
   # Another seed's run: its vocabulary trained apart on the same text records another temporary
   # path; the vocabularies are the same, so the runs ensemble.

@@ -118,7 +118,7 @@ def test_wmt14_ende_trains_from_tfds(offline_downloads, tmp_path):
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.splitlines() == [
       f"wmt14_translate/de-en: {data_dir}/wmt14_translate/de-en/1.0.0",
-      f"vocabulary: {vocab_lib.cached_vocab_path(cfg.data, cfg.seed)}"]
+      f"vocabulary: {vocab_lib.cached_vocab_path(cfg.data, cfg.seed, corpus_pairs=1)}"]
   assert "Reusing the cached vocabulary" in out.stderr
 
 

@@ -94,9 +94,10 @@ def define_progress_flag() -> None:
                     "terminal, plain periodic log lines otherwise; 'bar', 'lines' or 'off'.")
 
 
-def define_search_flags(sampling: bool = False) -> None:
+def define_search_flags(deprecated_sample_flag: bool = False) -> None:
   """The decoding flags of the programs that translate (translator.SearchSettings); unset flags
-  take the run config's decode.* values."""
+  take the run config's decode.* values. `deprecated_sample_flag`: also the old --sample
+  (transformer-translate had it before --search)."""
   from transformer.decoding import SEARCHES
   flags.DEFINE_enum("search", None, list(SEARCHES), "The search (default: beam; beam search with "
                     "--beam_size=1 is greedy search).")
@@ -128,16 +129,14 @@ def define_search_flags(sampling: bool = False) -> None:
                        "translating its own share of the sentences (0 = one per core; 1 = one "
                        "device). XLA runs the decoder's small matrix products on one core per "
                        "device, so one device per core keeps every core busy. Ignored on GPUs/TPUs.")
-  if sampling:
+  flags.DEFINE_float("temperature", None, "With --search=sample: divide log-probabilities by this.")
+  flags.DEFINE_integer("top_k", None, "With --search=sample: only from the K most probable tokens.")
+  flags.DEFINE_float("top_p", None, "With --search=sample: only from the most probable tokens "
+                     "whose probabilities sum to P (nucleus sampling).")
+  flags.DEFINE_integer("seed", None, "With --search=sample: the random seed (default 0); a "
+                       "sentence's sample does not depend on its batch.")
+  if deprecated_sample_flag:
     flags.DEFINE_bool("sample", False, "Deprecated: use --search=sample.")
-    flags.DEFINE_float("temperature", None, "With --search=sample: divide log-probabilities by "
-                       "this.")
-    flags.DEFINE_integer("top_k", None, "With --search=sample: only from the K most probable "
-                         "tokens.")
-    flags.DEFINE_float("top_p", None, "With --search=sample: only from the most probable tokens "
-                       "whose probabilities sum to P (nucleus sampling).")
-    flags.DEFINE_integer("seed", None, "With --search=sample: the random seed (default 0); a "
-                         "sentence's sample does not depend on its batch.")
 
 
 def deprecated(old: str, new: str) -> None:

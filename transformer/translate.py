@@ -111,7 +111,7 @@ def run() -> None:
   flags.DEFINE_string("score", None, "Instead of translating, score the target sentences in this "
                       "file (one per input line): writes one JSON line per pair with the "
                       "log-probability of the sentence and of each token (forced decoding).")
-  define_search_flags(sampling=True)
+  define_search_flags(deprecated_sample_flag=True)
   define_progress_flag()
   run_program("transformer-translate", main)
 

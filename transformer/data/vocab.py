@@ -10,9 +10,11 @@ Special ids are fixed so the model can rely on them: 0 pad, 1 EOS, 2 BOS, 3 unkn
 
 It is trained on a uniform random sample of `data.vocab_sample_sentences` training pairs (both sides),
 not the head of the corpus, and stored in a cache keyed by dataset (TFDS data directory or files'
-fingerprint included), training split, languages, size, model type, normalisation, sample size and
-seed (`data.vocab_cache_dir`, default ~/.cache/transformer/vocab), so every run on a dataset
-reuses the same file; each run keeps a copy as WORKDIR/vocab.model, which evaluation reads.
+fingerprint included), training split, languages, size, model type, normalisation, and the sample:
+its size and seed, or 'allpairs' where the corpus has no more pairs than the sample would take (then
+every seed trains the same vocabulary: Multi30k's 29,000 pairs), in `data.vocab_cache_dir`, default
+~/.cache/transformer/vocab. So every run on a dataset reuses the same file; each run keeps a copy as
+WORKDIR/vocab.model, which evaluation reads.
 """
 
 from __future__ import annotations
@@ -149,10 +151,13 @@ def cache_dir(data: ml_collections.ConfigDict) -> Path:
   return Path(data.vocab_cache_dir or default).expanduser()
 
 
-def cached_vocab_path(data: ml_collections.ConfigDict, seed: int) -> Path:
+def cached_vocab_path(data: ml_collections.ConfigDict, seed: int, corpus_pairs: int) -> Path:
+  """The cache entry of this dataset and setting; `corpus_pairs` (the training split's size) decides
+  whether the seed draws a sample at all."""
+  sample = (f"sample{data.vocab_sample_sentences}.seed{seed}"
+            if corpus_pairs > data.vocab_sample_sentences else "allpairs")
   return cache_dir(data) / (f"{dataset_key(data)}.{data.vocab_model_type}{data.vocab_size}"
-                            f".{data.vocab_normalization}.sample{data.vocab_sample_sentences}"
-                            f".seed{seed}.model")
+                            f".{data.vocab_normalization}.{sample}.model")
 
 
 def vocab_for_run(workdir: str | os.PathLike, data: ml_collections.ConfigDict, source,
@@ -168,7 +173,7 @@ def vocab_for_run(workdir: str | os.PathLike, data: ml_collections.ConfigDict, s
 
 def cached_vocab(data: ml_collections.ConfigDict, source, seed: int) -> Path:
   """The cached vocabulary for this dataset and setting, trained on a sample of `source` if absent."""
-  cached = cached_vocab_path(data, seed)
+  cached = cached_vocab_path(data, seed, len(source))
   if cached.is_file():
     log.info("Reusing the cached vocabulary %s", cached)
   else:
