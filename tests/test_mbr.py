@@ -52,10 +52,10 @@ def test_rerank_picks_the_consensus_and_the_top_hypothesis_as_the_temperature_fa
 
 
 def test_settings_reject_mbr_without_a_beam_and_unknown_utilities():
-  with pytest.raises(ConfigError, match="--mbr reranks a beam's hypotheses: use beam search with "
-                     "--beam_size >= 2"):
+  with pytest.raises(ConfigError, match=r"--mbr reranks a beam's hypotheses: use beam search with "
+                     r"--beam_size >= 2 \(e.g. 8\), not --beam_size=1 \(greedy search\)$"):
     SearchSettings(beam_size=1, mbr="chrf").check()
-  with pytest.raises(ConfigError, match="--mbr reranks a beam's hypotheses"):
+  with pytest.raises(ConfigError, match="--mbr reranks a beam's hypotheses: .*, not --search=sample$"):
     SearchSettings(search="sample", mbr="chrf").check()
   with pytest.raises(ConfigError, match="--mbr must be one of chrf, bleu"):
     SearchSettings(mbr="comet").check()

@@ -101,8 +101,10 @@ class SearchSettings:
       raise ConfigError(f"--mbr must be one of {', '.join(mbr.UTILITIES)} (or empty: off), got "
                         f"{self.mbr!r}")
     if self.mbr and (self.search != "beam" or self.beam_size < 2):
+      given = (f"--search={self.search}" if self.search != "beam" else
+               f"--beam_size={self.beam_size} (greedy search)")
       raise ConfigError(f"--mbr reranks a beam's hypotheses: use beam search with --beam_size >= 2 "
-                        f"(e.g. 8), not {self.search} search with --beam_size={self.beam_size}")
+                        f"(e.g. 8), not {given}")
     if self.mbr_temperature <= 0:
       raise ConfigError(f"--mbr_temperature must be > 0, got {self.mbr_temperature:g}")
 
