@@ -433,12 +433,46 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   assert fresh.stderr.count("evaluated already") == 2
   assert "training to step" not in fresh.stderr and "evaluating -> " not in fresh.stderr
   assert (root / "results.csv").read_text() == table_csv
+  # --pairs: 'learned' compared with another base run (here a copy of itself: Δ 0), noted in the
+  # table; the other rows keep their pairing.
+  shutil.copytree(root / "learned/seed0", tmp_path / "pairs/own_copy")
+  (tmp_path / "pairs/pairs.json").write_text(json.dumps({"learned/seed0": "own_copy"}))
+  paired = run_experiment(*common, "--collect_only", f"--pairs={tmp_path / 'pairs/pairs.json'}")
+  assert paired.returncode == 0, paired.stderr
+  with (root / "results.csv").open() as f:
+    learned = next(r for r in csv.DictReader(f) if r["variant"] == "learned")
+  hyps = (root / "learned/seed0/eval/validation_step6.hyp.txt").read_text().split("\n")[:-1]
+  refs = (tmp_path / "val.de").read_text().splitlines()
+  assert float(learned["dev_delta"]) == 0.0
+  assert float(learned["dev_p"]) == pytest.approx(significance.paired_bootstrap(hyps, hyps, refs))
+  assert learned["paired_with"] == str(tmp_path / "pairs/own_copy")  # as the pairs file names it
+  assert (f"(transformer-experiment --pairs): learned seed 0 with "
+          f"`{learned['paired_with']}`.") in (root / "results.md").read_text()
   # Their checkpoints are gone, so a new evaluation of them fails clearly instead of retraining.
   again = run_experiment(*common, f"--record={tmp_path / 'record'}", "--min_len=1")
   assert again.returncode != 0 and "training to step" not in again.stderr
   assert ("learned seed 0: its results were restored from the record without checkpoints, so it "
           "cannot be evaluated again (validation_step6_min1.json") in again.stderr
   assert not list(root.rglob("checkpoints"))
+
+
+def test_a_pairs_file_names_runs_of_the_grid_and_existing_base_runs(tmp_path):
+  grid = Grid("g", [Variant("base", {}), Variant("wide", {"model.d_ff": 64})])
+  runs = plan(grid, tiny_run_config(tmp_path), [], [0, 1], tmp_path / "exp", {})
+  (tmp_path / "other_base").mkdir()
+  path = tmp_path / "pairs.json"
+  path.write_text(json.dumps({"wide/seed1": "other_base"}))
+  assert results.read_pairs(path, runs) == {("wide", 1): tmp_path / "other_base"}
+  for entries, message in (({"wide/seed2": "other_base"}, "pairs 'wide/seed2', which is no run of "
+                             "this grid (runs are named VARIANT/seedS, e.g. base/seed0)"),
+                           ({"wide/seed0": "gone"}, "pairs wide/seed0 with gone, which is not a "
+                            "folder"),
+                           (["wide/seed0"], "must be a JSON object")):
+    path.write_text(json.dumps(entries))
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+      results.read_pairs(path, runs)
+  with pytest.raises(ConfigError, match="cannot read the pairs file"):
+    results.read_pairs(tmp_path / "missing.json", runs)
 
 
 @pytest.mark.parametrize("metric", ["sacrebleu", "multi-bleu"])

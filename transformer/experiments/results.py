@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer import checkpoints, plot
+from transformer.config import ConfigError
 from transformer.experiments import significance
 from transformer.experiments.grids import Grid
 from transformer.info import analytic_param_count
@@ -106,29 +107,59 @@ def translations(report: Path) -> list[str] | None:
   return path.read_text().split("\n")[:-1] if path.is_file() else None
 
 
+def read_pairs(path: Path, runs: Sequence[Any]) -> dict[tuple[str, int], Path]:
+  """A pairs file: JSON {"VARIANT/seedS": "BASE_WORKDIR", ...}, workdirs relative to the file's
+  folder: these runs are compared with that base run instead of the first row's run of their seed
+  (e.g. a base retrained on the machine that trained them: float32 training differs in the last
+  bits between CPUs, and with it a run's BLEU). Names that are no run of the grid, and base
+  workdirs that are missing, are errors."""
+  try:
+    entries = json.loads(path.read_text())
+  except (OSError, json.JSONDecodeError) as e:
+    raise ConfigError(f"cannot read the pairs file {path}: {e}") from None
+  if not isinstance(entries, dict) or not all(isinstance(v, str) for v in entries.values()):
+    raise ConfigError(f'{path} must be a JSON object {{"VARIANT/seedS": "BASE_WORKDIR", ...}}')
+  names = {f"{run.variant.name}/seed{run.seed}": (run.variant.name, run.seed) for run in runs}
+  pairs = {}
+  for name, workdir in entries.items():
+    if name not in names:
+      raise ConfigError(f"{path} pairs {name!r}, which is no run of this grid (runs are named "
+                        f"VARIANT/seedS, e.g. {next(iter(names), 'base/seed0')})")
+    base = path.parent / workdir
+    if not base.is_dir():
+      raise ConfigError(f"{path} pairs {name} with {workdir}, which is not a folder ({base})")
+    pairs[names[name]] = base
+  return pairs
+
+
 def add_significance(rows: list[dict[str, Any]], runs: Sequence[Any],
-                     references: dict[str, Sequence[str]]) -> None:
+                     references: dict[str, Sequence[str]],
+                     pairs: dict[tuple[str, int], Path] | None = None) -> None:
   """row['<set>_p']: the paired bootstrap p-value of each run against the first variant's run of
   the same seed on that test set (the moving average's translations where both runs have them),
   for the sets in `references`, and row['<set>_delta']: the BLEU difference it tests; None for the
-  first variant and where translations are missing."""
+  first variant and where translations are missing. `pairs` (read_pairs) names another base run
+  for some runs: its reports of the same names are compared instead (row['paired_with'])."""
   by_key = {(run.variant.name, run.seed): run for run in runs}
-  row_of = {(row["variant"], row["seed"]): row for row in rows}
   first = runs[0].variant.name if runs else None
+  pairs = pairs or {}
   for row, run in zip(rows, runs):
+    other = pairs.get((run.variant.name, run.seed))
     baseline = by_key.get((first, run.seed))
+    row["paired_with"] = str(other) if other else None
     for name, refs in references.items():
       row[f"{name}_p"] = row[f"{name}_delta"] = None
-      if baseline is None or baseline is run or name not in run.evals:
+      if name not in run.evals or (other is None and (baseline is None or baseline is run)):
         continue
-      base_row = row_of[(first, run.seed)]
-      key = next((k for k in (f"{name}_ema_bleu", f"{name}_bleu")
-                  if row[k] is not None and base_row[k] is not None), None)
-      if key:
-        row[f"{name}_delta"] = row[key] - base_row[key]
-      mine, theirs = run.evals[name], baseline.evals[name]
-      both_ema = mine.ema_report.is_file() and theirs.ema_report.is_file()
-      mine, theirs = (mine.ema_report, theirs.ema_report) if both_ema else (mine.report, theirs.report)
+      mine = run.evals[name]
+      theirs = ((other / mine.report.relative_to(run.workdir),
+                 other / mine.ema_report.relative_to(run.workdir)) if other else
+                (baseline.evals[name].report, baseline.evals[name].ema_report))
+      both_ema = mine.ema_report.is_file() and theirs[1].is_file()
+      mine, theirs = (mine.ema_report, theirs[1]) if both_ema else (mine.report, theirs[0])
+      if mine.is_file() and theirs.is_file():
+        row[f"{name}_delta"] = (_report(mine)["sacrebleu"]["bleu"]
+                                - _report(theirs)["sacrebleu"]["bleu"])
       hyps, base_hyps = translations(mine), translations(theirs)
       if hyps is not None and base_hyps is not None:
         row[f"{name}_p"] = significance.paired_bootstrap(base_hyps, hyps, refs)
@@ -222,6 +253,8 @@ def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0) 
     writer.writeheader()
     writer.writerows({**r, "workdir": os.path.relpath(Path(r["workdir"]).resolve(), root.resolve())}
                      for r in rows)
+  paired = [f"{r['variant']} seed {r['seed']} with `{r['paired_with']}`"
+            for r in rows if r.get("paired_with")]
 
   finished = [r for r in rows if r["finished"]]
   train_sec = sum(r["train_sec"] for r in rows)
@@ -244,6 +277,9 @@ def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0) 
         "hyper-parameters equal the first row's.",
         f"Compute: training {format_duration(train_sec)}, evaluation {format_duration(eval_sec)} "
         "(sum over runs).", ""]
+  if paired:
+    md[-1:-1] = ["Paired with another base run instead of the first row's run of their seed "
+                 "(transformer-experiment --pairs): " + "; ".join(paired) + ".", ""]
   (root / "results.md").write_text("\n".join(md))
 
   workdirs = {v.name: [r["workdir"] for r in rows if r["variant"] == v.name

@@ -292,6 +292,7 @@ def main(argv: list[str]) -> None:
            for name in grid.test_sets}
   runs = plan(grid, base, base_arguments(sys.argv), seeds, root, files, FLAGS.min_len)
   to_run = selected(runs, grid, FLAGS.only)
+  pairs = results.read_pairs(Path(FLAGS.pairs), runs) if FLAGS.pairs else None
   tables = root if FLAGS.min_len is None else root / f"min_len{FLAGS.min_len}"
   if FLAGS.print_commands:
     print("\n".join(command_lines(to_run)))
@@ -312,7 +313,7 @@ def main(argv: list[str]) -> None:
   table = results.collect(runs)
   references = {"dev": sources.load_split(base.data, base.data.eval_split).target}
   references.update({name: sources.read_lines(f["reference_file"]) for name, f in files.items()})
-  results.add_significance(table, runs, references)
+  results.add_significance(table, runs, references, pairs)
   written = results.write(table, grid, tables,
                           base.decode.min_len if FLAGS.min_len is None else FLAGS.min_len)
   commands = tables / "commands.sh"
@@ -341,6 +342,10 @@ def run() -> None:
   flags.DEFINE_list("only", None, "Train and evaluate only these variants (and the first row, "
                     "which 'Δ vs' pairs with), e.g. --seeds=3 --only=A-h8 for a third seed where "
                     "two disagree; the tables still show every run of the grid found.")
+  flags.DEFINE_string("pairs", None, "A JSON file {\"VARIANT/seedS\": \"BASE_WORKDIR\"} (paths "
+                      "relative to it): compare those runs with that base run instead of the first "
+                      "row's of their seed, e.g. a base retrained on the machine that trained them "
+                      "(float32 training differs in the last bits between CPUs).")
   flags.DEFINE_integer("min_len", None, "Evaluate with transformer-eval --min_len=N (at least N "
                        "tokens per translation; 1 rules out the empty one) instead of the config's "
                        "search; the tables go to ROOT/min_len<N>/, beside the default search's.")
