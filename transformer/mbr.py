@@ -27,6 +27,7 @@ from sacrebleu.metrics.helpers import extract_all_char_ngrams
 _CHRF = CHRF()
 _BLEU = BLEU(effective_order=True)  # sentence BLEU: n-gram orders a short sentence lacks are skipped
 
+
 def weights(scores: Sequence[float], temperature: float) -> np.ndarray:
   """softmax(scores / temperature): how much each hypothesis counts as a pseudo-reference."""
   z = np.asarray(scores, np.float64) / temperature
