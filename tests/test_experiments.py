@@ -3,6 +3,7 @@
 import csv
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -16,11 +17,13 @@ import sacrebleu
 from helpers import REPO, tiny_run_config
 
 from transformer import bleu as bleu_lib
+from transformer import machine
 from transformer.config import ConfigError, base_config
 from transformer.data import sources
 from transformer.experiments import records, results, significance, test_sets
 from transformer.experiments.grids import Grid, Variant, load_grid
 from transformer.experiments.run import base_arguments, plan, selected, variant_config
+from transformer.metrics import MetricWriter
 
 
 def load_config(path, *args):
@@ -435,7 +438,10 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   assert (root / "results.csv").read_text() == table_csv
   # --pairs: 'learned' compared with another base run (here a copy of itself: Δ 0), noted in the
   # table; the other rows keep their pairing.
+  # The copy says another machine trained it, which the table then says too.
   shutil.copytree(root / "learned/seed0", tmp_path / "pairs/own_copy")
+  metrics_file = tmp_path / "pairs/own_copy/metrics.jsonl"
+  metrics_file.write_text(metrics_file.read_text().replace('"machine": "', '"machine": "another '))
   (tmp_path / "pairs/pairs.json").write_text(json.dumps({"learned/seed0": "own_copy"}))
   paired = run_experiment(*common, "--collect_only", f"--pairs={tmp_path / 'pairs/pairs.json'}")
   assert paired.returncode == 0, paired.stderr
@@ -448,6 +454,13 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   assert learned["paired_with"] == str(tmp_path / "pairs/own_copy")  # as the pairs file names it
   assert (f"(transformer-experiment --pairs): learned seed 0 with "
           f"`{learned['paired_with']}`.") in (root / "results.md").read_text()
+  assert learned["machine"].startswith(machine.cpu_id() + ", 1 cpu device(s), JAX")
+  assert learned["base_machine"] == "another " + learned["machine"]
+  assert (f"Compared with a base trained on another machine (float32 training differs between "
+          f"machines; their Δ and p include that difference): learned seed 0 "
+          f"({learned['machine']}; its base: another {learned['machine']}).") in (
+              root / "results.md").read_text()
+  assert "its Δ and p include that difference" in paired.stderr
   # Their checkpoints are gone, so a new evaluation of them fails clearly instead of retraining.
   again = run_experiment(*common, f"--record={tmp_path / 'record'}", "--min_len=1")
   assert again.returncode != 0 and "training to step" not in again.stderr
@@ -473,6 +486,39 @@ def test_a_pairs_file_names_runs_of_the_grid_and_existing_base_runs(tmp_path):
       results.read_pairs(path, runs)
   with pytest.raises(ConfigError, match="cannot read the pairs file"):
     results.read_pairs(tmp_path / "missing.json", runs)
+
+
+def test_a_base_from_another_machine_or_without_the_runs_report_is_named(tmp_path, caplog):
+  caplog.set_level(logging.WARNING, logger="transformer")
+  grid = Grid("g", [Variant("base", {}), Variant("wide", {"model.d_ff": 64})])
+  base, wide = plan(grid, tiny_run_config(tmp_path), [], [0], tmp_path / "exp", {})
+  refs = ["a dog runs across the green grass .", "two cats sleep on a red sofa ."]
+  outputs = {"base": refs, "wide": ["a dog runs across the grass .", refs[1]]}
+  for run, machines in ((base, ["cpu A"]), (wide, ["cpu B", "cpu B", "cpu C"])):  # wide: resumed
+    run.workdir.mkdir(parents=True)
+    for step, label in enumerate(machines):
+      MetricWriter(run.workdir).write("start", step, machine=label)
+    report = run.evals["dev"].report
+    report.parent.mkdir()
+    hyps = outputs[run.variant.name]
+    report.write_text(json.dumps({"sacrebleu": {"bleu": sacrebleu.corpus_bleu(hyps, [refs]).score}}))
+    report.with_suffix(".hyp.txt").write_text("\n".join(hyps) + "\n")
+  rows = [{"machine": results.trained_on(run.workdir)} for run in (base, wide)]
+  assert rows[1]["machine"] == "cpu B + cpu C"  # each machine once, in order
+
+  results.add_significance(rows, [base, wide], {"dev": refs})
+  assert rows[1]["base_machine"] == "cpu A"
+  assert rows[1]["dev_delta"] == pytest.approx(
+      sacrebleu.corpus_bleu(outputs["wide"], [refs]).score - 100.0)
+  assert (f"wide/seed0 was trained on cpu B + cpu C, its base {base.workdir} on cpu A: float32 "
+          "training differs between machines") in caplog.text
+
+  caplog.clear()
+  base.evals["dev"].report.unlink()
+  results.add_significance(rows, [base, wide], {"dev": refs})
+  assert rows[1]["dev_delta"] is None
+  assert (f"wide/seed0: its base has no {base.evals['dev'].report}, so its Δ and p on dev are "
+          "left blank") in caplog.text
 
 
 @pytest.mark.parametrize("metric", ["sacrebleu", "multi-bleu"])

@@ -37,7 +37,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import checkpoints, faults, partitioning, preemption, progress
+from transformer import checkpoints, faults, machine, partitioning, preemption, progress
 from transformer.cli import (
   define_distributed_flags,
   define_progress_flag,
@@ -220,6 +220,9 @@ def _write_and_train(run: Run, changed: list[str]) -> dict[str, Any]:
         MetricWriter(workdir, purge_step=start + 1 if start else None) as writer,
         progress.Progress("training", cfg.train.steps, "steps", initial=start, line_seconds=None,
                           mode=None if jax.process_index() == 0 else "off") as bar):
+    trained_on = machine.describe()
+    log.info("Machine: %s", trained_on["machine"])
+    writer.write("start", start, **trained_on)  # which machine trained which steps
     return _Loop(run, mngr, stop, writer, bar, n_params).train()
 
 

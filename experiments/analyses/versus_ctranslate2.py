@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from transformer import export, partitioning, translator  # noqa: E402
 from transformer.benchmark import decode_workload, synthetic_workload  # noqa: E402
 from transformer.data import sources  # noqa: E402
-from transformer.experiments.records import cpu_model  # noqa: E402
+from transformer.machine import cpu_id  # noqa: E402
 from transformer.model import ModelConfig, Transformer, initial_params  # noqa: E402
 from transformer.runs import load_run  # noqa: E402
 
@@ -251,7 +251,7 @@ def main(argv):
   result = {**work, "ctranslate2": ctranslate2.__version__, "jax": jax.__version__,
             "ct2_layouts": FLAGS.ct2_layouts,
             "ct2_batch_tokens": FLAGS.ct2_batch_tokens, "jax_devices": jax.device_count(),
-            "cpu_count": os.cpu_count(), "cpu": cpu_model(), "rows": rows}
+            "cpu_count": os.cpu_count(), "cpu": cpu_id(), "rows": rows}
   print(f"| engine | search | {unit} (runs) | ratio to ours |\n|---|---|---|---|")
   for r in rows:
     runs = " / ".join(f"{x:,.0f}" for x in r[key])

@@ -19,19 +19,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from transformer.machine import cpu_id
+
 log = logging.getLogger("transformer")
 TEXT_SUFFIXES = {".md", ".csv", ".sh", ".json", ".txt", ".jsonl"}
-
-
-def cpu_model() -> str:
-  """The processor's name as the OS reports it (what decides XLA's CPU code and the speed)."""
-  try:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
 
 
 def commit(record_folder: Path | None = None) -> str:
@@ -59,7 +50,7 @@ def provenance(command: Sequence[str], wall_seconds: float,
           f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
           f"- JAX {jax.__version__}, Python {platform.python_version()}, "
           f"{jax.default_backend()} backend",
-          f"- CPU: {cpu_model()}",
+          f"- CPU: {cpu_id()}",
           f"- wall time: {wall_seconds / 60:.1f} min"]
 
 

@@ -3,16 +3,17 @@
 Everything is read back from what the programs wrote in each workdir: config.json, the last
 checkpoint's step (where the checkpoints are gone, the last one metrics.jsonl records),
 metrics.jsonl ('eval' records for dev perplexity and the loss curve, 'train' records for training
-time, 'summary' for parameters) and transformer-eval's JSON reports and
-translations: BLEU of the last checkpoint's parameters and, for runs that keep one, of their moving
-average; and beside every variant a paired bootstrap test against the first variant, seed by seed
-(transformer/experiments/significance.py).
+time, 'summary' for parameters, 'start' for the machine that trained it) and transformer-eval's
+JSON reports and translations: BLEU of the last checkpoint's parameters and, for runs that keep
+one, of their moving average; and beside every variant a paired bootstrap test against the first
+variant, seed by seed (transformer/experiments/significance.py).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import statistics
 from collections.abc import Sequence
@@ -31,6 +32,8 @@ from transformer.metrics import (
   training_clock,
 )
 from transformer.model import ModelConfig
+
+log = logging.getLogger("transformer")
 
 # Table 3's hyper-parameter columns: header -> how to read it from a run config.
 HYPER_COLUMNS = {
@@ -64,6 +67,13 @@ def recorded_steps(workdir: Path) -> int:
   return max((r["step"] for r in read_metrics(workdir, "checkpoint")), default=0)
 
 
+def trained_on(workdir: Path) -> str | None:
+  """The machine(s) that trained the run, from its 'start' records (transformer.machine), joined
+  by ' + ' where a resumed run changed machines; None for runs from before these records."""
+  labels = dict.fromkeys(r["machine"] for r in read_metrics(workdir, "start") if "machine" in r)
+  return " + ".join(labels) or None
+
+
 def _report(path: Path) -> dict[str, Any] | None:
   return json.loads(path.read_text()) if path.is_file() else None
 
@@ -81,6 +91,7 @@ def collect(runs: Sequence[Any]) -> list[dict[str, Any]]:
     records = read_metrics(run.workdir)
     summaries = [r for r in records if r["event"] == "summary"]
     row["params"] = summaries[-1]["parameters"] if summaries else analytic_param_count(model)
+    row["machine"] = trained_on(run.workdir)
     row["steps_done"] = trained_steps(run.workdir) or recorded_steps(run.workdir)  # or a restored run's
     row["finished"] = row["steps_done"] >= cfg.train.steps
     clock = training_clock([r for r in records if r["event"] == "train"])
@@ -147,9 +158,16 @@ def add_significance(rows: list[dict[str, Any]], runs: Sequence[Any],
     other = pairs.get((run.variant.name, run.seed))
     baseline = by_key.get((first, run.seed))
     row["paired_with"] = str(other) if other else None
+    base_dir = other or (baseline.workdir if baseline is not None and baseline is not run else None)
+    row["base_machine"] = trained_on(base_dir) if base_dir else None
+    if row.get("machine") and row["base_machine"] and row["machine"] != row["base_machine"]:
+      log.warning("%s/seed%d was trained on %s, its base %s on %s: float32 training differs "
+                  "between machines, so its Δ and p include that difference; pair it with a base "
+                  "trained on its machine (--pairs)", run.variant.name, run.seed, row["machine"],
+                  base_dir, row["base_machine"])
     for name, refs in references.items():
       row[f"{name}_p"] = row[f"{name}_delta"] = None
-      if name not in run.evals or (other is None and (baseline is None or baseline is run)):
+      if name not in run.evals or base_dir is None:
         continue
       mine = run.evals[name]
       theirs = ((other / mine.report.relative_to(run.workdir),
@@ -157,6 +175,10 @@ def add_significance(rows: list[dict[str, Any]], runs: Sequence[Any],
                 (baseline.evals[name].report, baseline.evals[name].ema_report))
       both_ema = mine.ema_report.is_file() and theirs[1].is_file()
       mine, theirs = (mine.ema_report, theirs[1]) if both_ema else (mine.report, theirs[0])
+      if mine.is_file() and not theirs.is_file():
+        log.warning("%s/seed%d: its base has no %s, so its Δ and p on %s are left blank "
+                    "(evaluate the base with the same settings)", run.variant.name, run.seed,
+                    theirs, name)
       if mine.is_file() and theirs.is_file():
         row[f"{name}_delta"] = (_report(mine)["sacrebleu"]["bleu"]
                                 - _report(theirs)["sacrebleu"]["bleu"])
@@ -255,6 +277,9 @@ def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0) 
                      for r in rows)
   paired = [f"{r['variant']} seed {r['seed']} with `{r['paired_with']}`"
             for r in rows if r.get("paired_with")]
+  elsewhere = [f"{r['variant']} seed {r['seed']} ({r['machine']}; its base: {r['base_machine']})"
+               for r in rows if r.get("machine") and r.get("base_machine")
+               and r["machine"] != r["base_machine"]]
 
   finished = [r for r in rows if r["finished"]]
   train_sec = sum(r["train_sec"] for r in rows)
@@ -280,6 +305,10 @@ def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0) 
   if paired:
     md[-1:-1] = ["Paired with another base run instead of the first row's run of their seed "
                  "(transformer-experiment --pairs): " + "; ".join(paired) + ".", ""]
+  if elsewhere:
+    md[-1:-1] = ["Compared with a base trained on another machine (float32 training differs "
+                 "between machines; their Δ and p include that difference): "
+                 + "; ".join(elsewhere) + ".", ""]
   (root / "results.md").write_text("\n".join(md))
 
   workdirs = {v.name: [r["workdir"] for r in rows if r["variant"] == v.name

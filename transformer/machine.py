@@ -1,0 +1,59 @@
+"""Which machine ran a program: the CPU, the JAX devices and JAX's version.
+
+float32 training is deterministic on one machine but not across machines: two CPUs (or two XLA
+versions, or another device count) round a run's sums differently, and after thousands of steps
+the same config's BLEU differs by tenths of a point (docs/experiments.md). So a run's metrics.jsonl
+records the machine at every start ('start' records), and an experiment's tables warn when a run is
+compared with a base trained elsewhere. The CPU is named by its vendor, family and model numbers as
+well as its name, because VMs often report only a brand ("AMD EPYC") for different generations.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+CPUINFO = Path("/proc/cpuinfo")  # Linux's; elsewhere the platform module names the CPU
+
+
+def _cpuinfo() -> dict[str, str]:
+  """The first processor's fields of /proc/cpuinfo ({} where there is none: macOS, Windows)."""
+  fields: dict[str, str] = {}
+  try:
+    text = CPUINFO.read_text()
+  except OSError:
+    return fields
+  for line in text.splitlines():
+    if not line.strip():
+      break  # the first processor's block ends at a blank line
+    key, _, value = line.partition(":")
+    fields.setdefault(key.strip(), value.strip())
+  return fields
+
+
+def cpu_model() -> str:
+  """The processor's name as the OS reports it, e.g. 'AMD EPYC'."""
+  return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+
+
+def cpu_id() -> str:
+  """The processor's name with its vendor, family and model numbers where the OS gives them, e.g.
+  'AMD EPYC (AuthenticAMD family 26 model 2)': what tells two generations of one brand apart."""
+  info = _cpuinfo()
+  numbers = " ".join(f"{key} {info[key]}" for key in ("cpu family", "model") if key in info)
+  numbers = " ".join(part for part in (info.get("vendor_id", ""), numbers) if part)
+  return f"{cpu_model()} ({numbers.replace('cpu family', 'family')})" if numbers else cpu_model()
+
+
+def describe() -> dict[str, str | int]:
+  """The machine as a metrics record's fields, `machine` being the one-line label to compare."""
+  import jax  # here, so that naming the CPU (records.py) costs no JAX import
+  devices = jax.devices()
+  kind = devices[0].device_kind
+  label = (f"{cpu_id()}, {len(devices)} {kind} device(s), JAX {jax.__version__}"
+           if devices[0].platform == "cpu" else
+           f"{len(devices)} x {kind} on {cpu_id()}, JAX {jax.__version__}")
+  return {"machine": label, "cpu": cpu_id(), "cpu_count": os.cpu_count() or 0,
+          "platform": devices[0].platform, "device_kind": kind, "devices": len(devices),
+          "processes": jax.process_count(), "jax": jax.__version__}
