@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from helpers import cli_overrides, run_cli, tiny_run_config
 
+from transformer import machine
 from transformer.evaluate import evaluate
 from transformer.metrics import read_metrics
 from transformer.train import train_and_evaluate
@@ -96,6 +97,15 @@ def test_train_resume_and_evaluate(tmp_path):
   assert "step 8/8" in out.stderr
   assert (workdir / "vocab.model").read_bytes() == vocab_bytes
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["6", "8"]
+  # Each start names the machine that trained from there; a finished run started again trains
+  # nothing and records no machine.
+  starts = read_metrics(workdir, "start")
+  assert [r["step"] for r in starts] == [0, 6]
+  assert all(r["machine"].startswith(machine.cpu_id() + ", ") for r in starts)
+  finished = cfg.copy_and_resolve_references()
+  finished.train.steps = 8
+  assert train_and_evaluate(finished, str(workdir))["resumed_from"] == 8
+  assert len(read_metrics(workdir, "start")) == 2
 
   report = check_evaluation(workdir)
   check_tensorboard(workdir, report)

@@ -220,9 +220,10 @@ def _write_and_train(run: Run, changed: list[str]) -> dict[str, Any]:
         MetricWriter(workdir, purge_step=start + 1 if start else None) as writer,
         progress.Progress("training", cfg.train.steps, "steps", initial=start, line_seconds=None,
                           mode=None if jax.process_index() == 0 else "off") as bar):
-    trained_on = machine.describe()
-    log.info("Machine: %s", trained_on["machine"])
-    writer.write("start", start, **trained_on)  # which machine trained which steps
+    if start < cfg.train.steps:  # which machine trains which steps (none: nothing to record)
+      trained_on = machine.describe()
+      log.info("Machine: %s", trained_on["machine"])
+      writer.write("start", start, **trained_on)
     return _Loop(run, mngr, stop, writer, bar, n_params).train()
 
 
