@@ -41,9 +41,10 @@ def cpu_id() -> str:
   """The processor's name with its vendor, family and model numbers where the OS gives them, e.g.
   'AMD EPYC (AuthenticAMD family 26 model 2)': what tells two generations of one brand apart."""
   info = _cpuinfo()
-  numbers = " ".join(f"{key} {info[key]}" for key in ("cpu family", "model") if key in info)
-  numbers = " ".join(part for part in (info.get("vendor_id", ""), numbers) if part)
-  return f"{cpu_model()} ({numbers.replace('cpu family', 'family')})" if numbers else cpu_model()
+  parts = [info.get("vendor_id", "")] + [f"{label} {info[key]}" for key, label in
+                                         (("cpu family", "family"), ("model", "model")) if key in info]
+  numbers = " ".join(part for part in parts if part)
+  return f"{cpu_model()} ({numbers})" if numbers else cpu_model()
 
 
 def describe() -> dict[str, str | int]:
