@@ -23,7 +23,7 @@ from transformer.data import sources
 from transformer.experiments import records, results, significance, test_sets
 from transformer.experiments.grids import Grid, Variant, load_grid
 from transformer.experiments.run import base_arguments, plan, selected, variant_config
-from transformer.metrics import MetricWriter
+from transformer.metrics import MetricWriter, read_metrics
 
 
 def load_config(path, *args):
@@ -503,7 +503,7 @@ def test_a_base_from_another_machine_or_without_the_runs_report_is_named(tmp_pat
     hyps = outputs[run.variant.name]
     report.write_text(json.dumps({"sacrebleu": {"bleu": sacrebleu.corpus_bleu(hyps, [refs]).score}}))
     report.with_suffix(".hyp.txt").write_text("\n".join(hyps) + "\n")
-  rows = [{"machine": results.trained_on(run.workdir)} for run in (base, wide)]
+  rows = [{"machine": results.trained_on(read_metrics(run.workdir))} for run in (base, wide)]
   assert rows[1]["machine"] == "cpu B + cpu C"  # each machine once, in order
 
   results.add_significance(rows, [base, wide], {"dev": refs})

@@ -32,29 +32,31 @@ def _cpuinfo() -> dict[str, str]:
   return fields
 
 
-def cpu_model() -> str:
+def cpu_model(info: dict[str, str] | None = None) -> str:
   """The processor's name as the OS reports it, e.g. 'AMD EPYC'."""
-  return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+  info = _cpuinfo() if info is None else info
+  return info.get("model name") or platform.processor() or platform.machine()
 
 
 def cpu_id() -> str:
   """The processor's name with its vendor, family and model numbers where the OS gives them, e.g.
   'AMD EPYC (AuthenticAMD family 26 model 2)': what tells two generations of one brand apart."""
   info = _cpuinfo()
+  name = cpu_model(info)
   parts = [info.get("vendor_id", "")] + [f"{label} {info[key]}" for key, label in
                                          (("cpu family", "family"), ("model", "model")) if key in info]
   numbers = " ".join(part for part in parts if part)
-  return f"{cpu_model()} ({numbers})" if numbers else cpu_model()
+  return f"{name} ({numbers})" if numbers else name
 
 
 def describe() -> dict[str, str | int]:
   """The machine as a metrics record's fields, `machine` being the one-line label to compare."""
   import jax  # here, so that naming the CPU (records.py) costs no JAX import
-  devices = jax.devices()
+  devices, cpu = jax.devices(), cpu_id()
   kind = devices[0].device_kind
-  label = (f"{cpu_id()}, {len(devices)} {kind} device(s), JAX {jax.__version__}"
+  label = (f"{cpu}, {len(devices)} {kind} device(s), JAX {jax.__version__}"
            if devices[0].platform == "cpu" else
-           f"{len(devices)} x {kind} on {cpu_id()}, JAX {jax.__version__}")
-  return {"machine": label, "cpu": cpu_id(), "cpu_count": os.cpu_count() or 0,
+           f"{len(devices)} x {kind} on {cpu}, JAX {jax.__version__}")
+  return {"machine": label, "cpu": cpu, "cpu_count": os.cpu_count() or 0,
           "platform": devices[0].platform, "device_kind": kind, "devices": len(devices),
           "processes": jax.process_count(), "jax": jax.__version__}

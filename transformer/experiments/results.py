@@ -67,11 +67,18 @@ def recorded_steps(workdir: Path) -> int:
   return max((r["step"] for r in read_metrics(workdir, "checkpoint")), default=0)
 
 
-def trained_on(workdir: Path) -> str | None:
-  """The machine(s) that trained the run, from its 'start' records (transformer.machine), joined
-  by ' + ' where a resumed run changed machines; None for runs from before these records."""
-  labels = dict.fromkeys(r["machine"] for r in read_metrics(workdir, "start") if "machine" in r)
+def trained_on(records: Sequence[dict[str, Any]]) -> str | None:
+  """The machine(s) that trained a run, from its metrics records' 'start' ones
+  (transformer.machine), joined by ' + ' where a resumed run changed machines; None for runs from
+  before these records."""
+  labels = dict.fromkeys(r["machine"] for r in records if r["event"] == "start" and "machine" in r)
   return " + ".join(labels) or None
+
+
+def other_machine(row: dict[str, Any]) -> bool:
+  """Whether a row's run and its base are known to have been trained on different machines."""
+  return bool(row.get("machine") and row.get("base_machine")
+              and row["machine"] != row["base_machine"])
 
 
 def _report(path: Path) -> dict[str, Any] | None:
@@ -91,7 +98,7 @@ def collect(runs: Sequence[Any]) -> list[dict[str, Any]]:
     records = read_metrics(run.workdir)
     summaries = [r for r in records if r["event"] == "summary"]
     row["params"] = summaries[-1]["parameters"] if summaries else analytic_param_count(model)
-    row["machine"] = trained_on(run.workdir)
+    row["machine"] = trained_on(records)
     row["steps_done"] = trained_steps(run.workdir) or recorded_steps(run.workdir)  # or a restored run's
     row["finished"] = row["steps_done"] >= cfg.train.steps
     clock = training_clock([r for r in records if r["event"] == "train"])
@@ -159,8 +166,8 @@ def add_significance(rows: list[dict[str, Any]], runs: Sequence[Any],
     baseline = by_key.get((first, run.seed))
     row["paired_with"] = str(other) if other else None
     base_dir = other or (baseline.workdir if baseline is not None and baseline is not run else None)
-    row["base_machine"] = trained_on(base_dir) if base_dir else None
-    if row.get("machine") and row["base_machine"] and row["machine"] != row["base_machine"]:
+    row["base_machine"] = trained_on(read_metrics(base_dir, "start")) if base_dir else None
+    if other_machine(row):
       log.warning("%s/seed%d was trained on %s, its base %s on %s: float32 training differs "
                   "between machines, so its Δ and p include that difference; pair it with a base "
                   "trained on its machine (--pairs)", run.variant.name, run.seed, row["machine"],
@@ -278,8 +285,7 @@ def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0) 
   paired = [f"{r['variant']} seed {r['seed']} with `{r['paired_with']}`"
             for r in rows if r.get("paired_with")]
   elsewhere = [f"{r['variant']} seed {r['seed']} ({r['machine']}; its base: {r['base_machine']})"
-               for r in rows if r.get("machine") and r.get("base_machine")
-               and r["machine"] != r["base_machine"]]
+               for r in rows if other_machine(r)]
 
   finished = [r for r in rows if r["finished"]]
   train_sec = sum(r["train_sec"] for r in rows)
