@@ -510,13 +510,15 @@ def test_a_base_from_another_machine_or_without_the_runs_report_is_named(tmp_pat
   assert rows[1]["base_machine"] == "cpu A"
   assert rows[1]["dev_delta"] == pytest.approx(
       sacrebleu.corpus_bleu(outputs["wide"], [refs]).score - 100.0)
+  assert rows[1]["dev_p"] == pytest.approx(
+      significance.paired_bootstrap(outputs["base"], outputs["wide"], refs))
   assert (f"wide/seed0 was trained on cpu B + cpu C, its base {base.workdir} on cpu A: float32 "
           "training differs between machines") in caplog.text
 
   caplog.clear()
   base.evals["dev"].report.unlink()
   results.add_significance(rows, [base, wide], {"dev": refs})
-  assert rows[1]["dev_delta"] is None
+  assert rows[1]["dev_delta"] is None and rows[1]["dev_p"] is None  # the translations are still there
   assert (f"wide/seed0: its base has no {base.evals['dev'].report}, so its Δ and p on dev are "
           "left blank") in caplog.text
 

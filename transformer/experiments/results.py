@@ -156,8 +156,9 @@ def add_significance(rows: list[dict[str, Any]], runs: Sequence[Any],
   """row['<set>_p']: the paired bootstrap p-value of each run against the first variant's run of
   the same seed on that test set (the moving average's translations where both runs have them),
   for the sets in `references`, and row['<set>_delta']: the BLEU difference it tests; None for the
-  first variant and where translations are missing. `pairs` (read_pairs) names another base run
-  for some runs: its reports of the same names are compared instead (row['paired_with'])."""
+  first variant and where either run lacks the report or its translations. `pairs` (read_pairs)
+  names another base run for some runs: its reports of the same names are compared instead
+  (row['paired_with'])."""
   by_key = {(run.variant.name, run.seed): run for run in runs}
   first = runs[0].variant.name if runs else None
   pairs = pairs or {}
@@ -182,13 +183,14 @@ def add_significance(rows: list[dict[str, Any]], runs: Sequence[Any],
                 (baseline.evals[name].report, baseline.evals[name].ema_report))
       both_ema = mine.ema_report.is_file() and theirs[1].is_file()
       mine, theirs = (mine.ema_report, theirs[1]) if both_ema else (mine.report, theirs[0])
-      if mine.is_file() and not theirs.is_file():
-        log.warning("%s/seed%d: its base has no %s, so its Δ and p on %s are left blank "
-                    "(evaluate the base with the same settings)", run.variant.name, run.seed,
-                    theirs, name)
-      if mine.is_file() and theirs.is_file():
-        row[f"{name}_delta"] = (_report(mine)["sacrebleu"]["bleu"]
-                                - _report(theirs)["sacrebleu"]["bleu"])
+      if not (mine.is_file() and theirs.is_file()):
+        if mine.is_file():
+          log.warning("%s/seed%d: its base has no %s, so its Δ and p on %s are left blank "
+                      "(evaluate the base with the same settings)", run.variant.name, run.seed,
+                      theirs, name)
+        continue
+      row[f"{name}_delta"] = (_report(mine)["sacrebleu"]["bleu"]
+                              - _report(theirs)["sacrebleu"]["bleu"])
       hyps, base_hyps = translations(mine), translations(theirs)
       if hyps is not None and base_hyps is not None:
         row[f"{name}_p"] = significance.paired_bootstrap(base_hyps, hyps, refs)
