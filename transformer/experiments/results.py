@@ -309,7 +309,8 @@ def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0) 
         "time per run (compilation and checkpoints included; noisy on a shared machine). Blank "
         "hyper-parameters equal the first row's.",
         f"Compute: training {format_duration(train_sec)}, evaluation {format_duration(eval_sec)} "
-        "(sum over runs).", ""]
+        "(sum over runs of their wall clock: time a run was paused or shared the machine "
+        "counts).", ""]
   if paired:
     md[-1:-1] = ["Paired with another base run instead of the first row's run of their seed "
                  "(transformer-experiment --pairs): " + "; ".join(paired) + ".", ""]
