@@ -13,6 +13,7 @@ from transformer.info import table_peak, training_flops_per_target_token
 from transformer.model import EOS_ID, ModelConfig
 
 
+@pytest.mark.slow
 def test_benchmark_reports_consistent_figures(tmp_path):
   cfg = tiny_run_config(tmp_path)
   (tmp_path / "disk").mkdir()

@@ -97,6 +97,16 @@ def test_tensor_parallelism_splits_heads_and_reduces_activations(reports):
   assert tensor["collectives"]["all-reduce"]["count"] > 2 * data["collectives"]["all-reduce"]["count"]
 
 
+def test_no_jax_plugins_namespace_means_no_cuda_compiler(monkeypatch):
+  """find_spec raises when the parent package is missing (a JAX without any plugin)."""
+  import importlib.util
+
+  def missing_parent(name, package=None):
+    raise ModuleNotFoundError(f"No module named {name.split('.')[0]!r}")
+  monkeypatch.setattr(importlib.util, "find_spec", missing_parent)
+  assert topologies.cuda_compiler_installed() is False
+
+
 @pytest.mark.skipif(not topologies.cuda_compiler_installed(),
                     reason="the CUDA compiler plugin: see docs/accelerators.md")
 def test_gpu_cluster_compiles_without_a_gpu():

@@ -113,6 +113,7 @@ def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_pat
   assert items[2] == items[1] and "state" in items[2] and "data" in items[2]
 
 
+@pytest.mark.slow
 def test_transformer_train_runs_as_two_processes_and_only_process_0_logs(tmp_path):
   workdir = tmp_path / "run"
   port = free_port()

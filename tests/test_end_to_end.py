@@ -231,6 +231,7 @@ def test_the_same_commands_run_on_eight_devices(tmp_path):
   assert "sacreBLEU" in out.stdout
 
 
+@pytest.mark.slow
 def test_checkpoints_on_a_wall_clock_cadence(tmp_path):
   cfg = tiny_run_config(tmp_path)
   cfg.train.steps, cfg.train.log_every, cfg.train.eval_every = 6, 2, 6

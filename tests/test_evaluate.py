@@ -36,7 +36,7 @@ def vocab(tmp_path_factory):
   return vocab_lib.train_vocab(text.source + text.target, path, 300)
 
 
-@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+@pytest.mark.parametrize("positional", ["sinusoidal", pytest.param("learned", marks=pytest.mark.slow)])
 def test_translate_keeps_order_and_handles_empty_and_long_lines(vocab, positional):
   model = Transformer(tiny_model_config(vocab_size=300, positional=positional, max_len=20))
   params = init_params(model, scale=2.0)
@@ -157,6 +157,7 @@ def test_nbest_lists_are_the_searchs_and_start_with_the_translation(trained):
       assert h["log_prob"] == pytest.approx(float(score) * ((5 + n) / 6) ** 0.6, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_bfloat16_search_scores_its_hypotheses_as_the_float32_model_does(trained):
   """Quantised decoding: the bf16 search's log-probabilities are the float32 model's up to bf16
   rounding, and its translations mostly the same; its reports get their own name."""
@@ -225,6 +226,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_each_device_translates_its_own_share_and_the_translations_do_not_change(trained):
   """On 3 CPU devices every device decodes its own rows of each queue in its own loop: the same
   hypotheses (and n-best lists, and samples) come back for every sentence as on one device, scores
@@ -250,6 +252,7 @@ def test_each_device_translates_its_own_share_and_the_translations_do_not_change
   assert len(set(scores)) > 20  # the sentences' scores differ: a result in another's place shows
 
 
+@pytest.mark.slow
 def test_samples_do_not_depend_on_batching(trained):
   cfg, workdir = trained
   run = load_run(workdir)
@@ -265,6 +268,7 @@ def test_samples_do_not_depend_on_batching(trained):
   assert other_seed != runs[0]
 
 
+@pytest.mark.slow
 def test_the_programs_write_nbest_lists_scores_samples_and_ensemble_reports(trained, tmp_path):
   cfg, workdir = trained
   source = tmp_path / "in.en"
@@ -334,6 +338,7 @@ def test_the_programs_write_nbest_lists_scores_samples_and_ensemble_reports(trai
   assert len(nbest) == 40 and len(json.loads(nbest[0])["hypotheses"]) == 2
 
 
+@pytest.mark.slow
 def test_a_minimum_length_has_its_own_report_and_no_empty_output(trained):
   cfg, workdir = trained
   default = evaluate(str(workdir))
@@ -358,6 +363,7 @@ def test_averaging_a_run_with_a_moving_average_averages_both(trained, tmp_path):
       np.testing.assert_allclose(g, (a + b) / 2, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_programs_keep_compiled_searches_in_the_persistent_cache(trained, tmp_path):
   """--compilation_cache: the first evaluation stores its compiled searches, a second one loads
   them (no new entries), and '' turns the cache off."""
@@ -381,6 +387,7 @@ def test_a_test_file_is_named_without_its_language_and_compression():
   assert name_of_test_set("validation", None) == "validation"
 
 
+@pytest.mark.slow
 def test_mbr_translates_with_the_beams_consensus(trained, tmp_path):
   """--mbr: each translation is the hypothesis of the beam's n-best list with the highest expected
   chrF against the list (computed here by brute force), and the programs write it."""

@@ -350,6 +350,7 @@ def test_a_records_kept_runs_are_committed_while_workdirs_are_ignored():
   assert not ignored("experiments/results/a_grid/runs/base/seed0/metrics.jsonl")
 
 
+@pytest.mark.slow
 def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   config = write_short_sentence_config(tmp_path)
   root = tmp_path / "exp"

@@ -78,6 +78,7 @@ def copy_task_model():
   return config, model, params, batch()[0][:16]
 
 
+@pytest.mark.slow
 def test_ctranslate2_beam_search_finds_our_hypotheses(tmp_path):
   """Same best hypotheses (beam 4, no length penalty: CTranslate2's penalty is length^alpha, ours
   GNMT's), and the log-probabilities the two engines give them agree to 1e-4."""

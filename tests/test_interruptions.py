@@ -12,6 +12,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 from helpers import REPO, cli_overrides, snapshot, tiny_run_config
 
 from transformer import checkpoints, partitioning, preemption
@@ -154,6 +155,7 @@ def killed(cfg, tmp_path):
   return workdir
 
 
+@pytest.mark.slow
 def test_interrupted_and_killed_runs_end_bit_identical(tmp_path):
   """Four interruptions (SIGTERM, SIGINT, kill -9 during a checkpoint write, kill -9 mid-training)
   in two runs, each ending with exactly the parameters and Adam state of an uninterrupted run."""
@@ -168,6 +170,7 @@ def test_interrupted_and_killed_runs_end_bit_identical(tmp_path):
     assert_identical(final_state(hard.result()), expected)
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_the_run_and_keeps_the_previous_checkpoint(tmp_path):
   cfg = run_config(tmp_path)
   cfg.train.update(steps=10, log_every=5, checkpoint_every=5)

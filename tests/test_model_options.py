@@ -58,8 +58,10 @@ def stack_layers_of(params):
   return stacked
 
 
-@pytest.mark.parametrize("remat, depths", [("none", {}), ("full", {}), ("dots", {}),
-                                           ("none", {"num_layers": 3, "decoder_layers": 1})])
+@pytest.mark.parametrize("remat, depths", [
+    ("none", {}), pytest.param("full", {}, marks=pytest.mark.slow),
+    pytest.param("dots", {}, marks=pytest.mark.slow),
+    pytest.param("none", {"num_layers": 3, "decoder_layers": 1}, marks=pytest.mark.slow)])
 def test_scanned_and_rematerialised_layers_compute_what_unrolled_layers_compute(rng, remat, depths):
   unrolled = Transformer(tiny_model_config(**depths))
   scanned = Transformer(tiny_model_config(scan_layers=True, remat=remat, **depths))

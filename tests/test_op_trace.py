@@ -135,6 +135,7 @@ def trained_run(tmp_path_factory):
   return tmp_path / "run"
 
 
+@pytest.mark.slow
 def test_the_decoding_profile_of_a_trained_run_translates_its_validation_set(trained_run):
   from helpers import run_cli
   done = run_cli("experiments.analyses.decode_profile", f"--workdir={trained_run}",

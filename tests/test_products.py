@@ -87,6 +87,7 @@ def test_output_projection_with_matmul_dtype_matches_numpy(rng):
   assert d_x.dtype == d_matrix.dtype == jnp.float32
 
 
+@pytest.mark.slow
 def test_a_model_with_bf16_products_has_the_float32_models_loss_and_gradients(rng):
   """The same parameters, float32 throughout: the loss within bf16 rounding, every gradient
   pointing the same way."""

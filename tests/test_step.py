@@ -109,6 +109,7 @@ def test_train_step_follows_the_gradient_of_the_mean_token_loss(rng):
   assert float(sums["grad_norm"]) == pytest.approx(float(optax.tree.norm(grads)), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_bfloat16_train_step_compiles_on_cpu_and_follows_the_float32_gradient(rng):
   """Activations in bf16 (the accelerator configs' setting): the compiled step runs on XLA's CPU
   backend (which lacks some bf16 products with float32 sums) and its update is the float32
@@ -167,6 +168,7 @@ def test_train_step_applies_adam_on_the_paper_schedule(rng):
   assert np.median(steps) > 0.9 * lr  # and by about lr wherever the gradient is not tiny.
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_makes_the_same_update(rng):
   """4 micro-batches of 2 rows give the gradient of one batch of 8 rows (no dropout to differ).
 

@@ -18,6 +18,7 @@ def watch_run(workdir, **kwargs):
                poll_seconds=0.01, search_tag="_greedy", **kwargs)
 
 
+@pytest.mark.slow
 def test_watcher_evaluates_each_new_checkpoint_once_and_stops(tmp_path):
   cfg = tiny_run_config(tmp_path)
   cfg.train.steps, cfg.train.checkpoint_every, cfg.train.eval_every = 4, 2, 4

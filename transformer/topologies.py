@@ -101,7 +101,10 @@ class TopologyError(UserError, ValueError):
 def cuda_compiler_installed() -> bool:
   """Whether JAX's CUDA plugin (which compiles for GPUs, without one) is installed."""
   import importlib.util
-  return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+  try:  # find_spec imports the parent: no jax_plugins namespace at all means no plugin
+    return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+  except ModuleNotFoundError:
+    return False
 
 
 def lookup(name: str) -> Topology:
