@@ -80,3 +80,26 @@ def test_mbr_keeps_the_whole_beam_and_names_its_reports():
   assert chosen.tag(default) == "_beam8_mbrchrf_mbrt0.75"
   assert SearchSettings(beam_size=8).tag(chosen) == "_nombr"
   assert chosen.tag(chosen) == ""
+
+
+def test_sampled_mbr_rules_pick_what_sentence_chrf_by_brute_force_picks():
+  from experiments.analyses.mbr_samples import choices
+  beam = [{"text": "Eine Katze schläft auf dem Dach.", "score": -0.40},
+          {"text": "Ein Hund läuft über eine Wiese.", "score": -0.45}]
+  samples = ["Ein Hund rennt über eine Wiese.", "Ein Hund rennt über eine Wiese.",
+             "Ein Hund läuft über die Wiese.", "Eine Katze schläft."]
+  chrf = lambda h, r: sacrebleu.sentence_chrf(h, [r]).score
+  def best(candidates, references, weights):
+    return max(candidates, key=lambda c: sum(w * chrf(c, r) for r, w in zip(references, weights)))
+  picked = choices(beam, samples, temperature=1.0)
+  beam_texts = [h["text"] for h in beam]
+  beam_weights = mbr.weights([h["score"] for h in beam], 1.0)
+  uniform = [1 / len(samples)] * len(samples)
+  candidates = list(dict.fromkeys(beam_texts + samples))
+  assert picked["beam, best score"] == beam_texts[0]
+  assert picked["MBR over the beam (shipped)"] == best(beam_texts, beam_texts, beam_weights)
+  assert picked["MBR: samples against samples"] == best(samples, samples, uniform)
+  assert picked["MBR: beam + samples against samples"] == best(candidates, samples, uniform)
+  assert picked["MBR: beam + samples against both"] == best(
+      candidates, samples + beam_texts, [w / 2 for w in uniform] + [w / 2 for w in beam_weights])
+  assert picked["MBR: samples against samples"] == "Ein Hund rennt über eine Wiese."
