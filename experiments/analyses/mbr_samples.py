@@ -27,12 +27,17 @@ from transformer import bleu, mbr
 from transformer.cli import run_program
 from transformer.data import sources
 
-flags.DEFINE_string("nbest", None, "transformer-translate's n-best JSON lines (beam search).")
-flags.DEFINE_string("samples", None, "Sampled translations, `per_source` consecutive lines a source.")
-flags.DEFINE_integer("per_source", 16, "Samples per source line.")
-flags.DEFINE_string("references", None, "Reference translations, one per line (.gz or plain).")
-flags.DEFINE_float("temperature", 0.75, "MBR weights of the beam's hypotheses (mbr.weights).")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Defined when run as a program only: tests import `choices` beside other programs' flags."""
+  flags.DEFINE_string("nbest", None, "transformer-translate's n-best JSON lines (beam search).")
+  flags.DEFINE_string("samples", None, "Sampled translations, `per_source` consecutive lines a source.")
+  flags.DEFINE_integer("per_source", 16, "Samples per source line.")
+  flags.DEFINE_string("references", None, "Reference translations, one per line (.gz or plain).")
+  flags.DEFINE_float("temperature", 0.75, "MBR weights of the beam's hypotheses (mbr.weights).")
+  flags.mark_flags_as_required(["nbest", "samples", "references"])
 
 
 def choices(hypotheses: list[dict], samples: list[str], temperature: float) -> dict[str, str]:
@@ -76,5 +81,5 @@ def main(_) -> None:
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["nbest", "samples", "references"])
+  define_flags()
   run_program("experiments.analyses.mbr_samples", main, compilation_cache=False)
