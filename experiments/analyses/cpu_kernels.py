@@ -1,8 +1,9 @@
 """The kernels behind three decoding choices, timed alone on this machine: matrix products in float32,
 bf16 and int8 (why quantised decoding uses bf16 matrices), the projection onto the vocabulary with
 the matrix stored [V, D] or [D, V] (why a search on CPUs stores it transposed:
-translator.search_params), and XLA's top-k against the chunked one (decoding.base.top_k), at the
-default model's decoding shapes.
+translator.search_params), a decoder layer's product in XLA and in OpenBLAS (whether XLA's kernel is
+what separates us from CTranslate2), and XLA's top-k against the chunked one (decoding.base.top_k),
+at the default model's decoding shapes.
 
     python experiments/analyses/cpu_kernels.py
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from transformer.decoding import top_k  # noqa: E402
@@ -64,6 +66,26 @@ def projection_layouts(steps: int = 200) -> None:
           f"GFLOP/s ({vd / dv:.2f}x)")
 
 
+def versus_openblas(steps: int = 200) -> None:
+  """A decoder layer's [rows, 256] x [256, 256] product, XLA's against numpy's (OpenBLAS), `steps`
+  products a call as a search runs them. Run it on one core to compare the kernels alone:
+  OPENBLAS_NUM_THREADS=1 XLA_FLAGS=--xla_cpu_multi_thread_eigen=false taskset -c 0 python ..."""
+  def loop(x, w, fori):
+    return fori(0, steps, lambda i, h: h + (h @ w) * 1e-3, x)
+  def python_fori(start, stop, body, x):
+    for i in range(start, stop):
+      x = body(i, x)
+    return x
+  for rows in (32, 64, 256):
+    x = np.random.default_rng(0).standard_normal((rows, 256), np.float32)
+    w = np.random.default_rng(1).standard_normal((256, 256), np.float32) * 0.05
+    xla = ms_per_call(jax.jit(lambda x, w: loop(x, w, jax.lax.fori_loop)), x, w, calls=5)
+    blas = ms_per_call(lambda x, w: loop(x, w, python_fori), x, w, calls=5)
+    gflop = 2 * rows * 256 * 256 * steps / 1e6
+    print(f"[{rows}, 256] x [256, 256]: XLA {gflop / xla:.0f} GFLOP/s, OpenBLAS (numpy) "
+          f"{gflop / blas:.0f} GFLOP/s")
+
+
 def top_ks() -> None:
   for rows, width, k in ((64, 4 * 8000, 8), (256, 8000, 8), (64, 8000, 1)):
     x = jax.random.normal(jax.random.key(1), (rows, width))
@@ -77,4 +99,5 @@ if __name__ == "__main__":
   print(f"JAX {jax.__version__}, {jax.devices()[0].device_kind}")
   products()
   projection_layouts()
+  versus_openblas()
   top_ks()
