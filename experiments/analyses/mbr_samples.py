@@ -43,20 +43,19 @@ def define_flags() -> None:
 def choices(hypotheses: list[dict], samples: list[str], temperature: float) -> dict[str, str]:
   """One sentence's translation under each selection rule."""
   beam = [h["text"] for h in hypotheses]
-  beam_weights = mbr.weights([h["score"] for h in hypotheses], temperature)
-  candidates = list(dict.fromkeys(beam + samples))
-  distinct = list(dict.fromkeys(candidates + samples))
-  at = {text: i for i, text in enumerate(distinct)}
-  utility = mbr.chrf_matrix(distinct)  # [i, j]: candidate i scored against reference j
+  scores = [h["score"] for h in hypotheses]
+  candidates = list(dict.fromkeys(beam + samples))  # every text once: the beam's, then the samples'
+  at = {text: i for i, text in enumerate(candidates)}
+  utility = mbr.chrf_matrix(candidates)  # [i, j]: candidate i scored against reference j
   rows = lambda texts: [at[t] for t in texts]
-  against_samples = utility[np.ix_(rows(candidates), rows(samples))].mean(1)
-  against_beam = utility[np.ix_(rows(candidates), rows(beam))] @ beam_weights
+  against_samples = utility[:, rows(samples)].mean(1)
+  against_beam = utility[:, rows(beam)] @ mbr.weights(scores, temperature)
   unique_samples = list(dict.fromkeys(samples))
-  samples_only = utility[np.ix_(rows(unique_samples), rows(samples))].mean(1)
+  shipped = mbr.expected_utilities(beam, scores, "chrf", temperature)
   return {
       "beam, best score": beam[0],
-      "MBR over the beam (shipped)": beam[int(np.argmax(against_beam[:len(beam)]))],
-      "MBR: samples against samples": unique_samples[int(np.argmax(samples_only))],
+      "MBR over the beam (shipped)": beam[int(np.argmax(shipped))],
+      "MBR: samples against samples": unique_samples[int(np.argmax(against_samples[rows(unique_samples)]))],
       "MBR: beam + samples against samples": candidates[int(np.argmax(against_samples))],
       "MBR: beam + samples against both": candidates[int(np.argmax(
           0.5 * against_samples + 0.5 * against_beam))],
