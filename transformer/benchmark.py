@@ -243,7 +243,7 @@ def benchmark_checkpoint(holder: dict[str, Any], one_step, saves: int,
     for i in range(saves):
       jax.block_until_ready(one_step())
       t = time.perf_counter()
-      checkpoints.save(mngr, i + 1, holder["state"], {"epoch": 0, "window": 0, "batch": i})
+      checkpoints.save(mngr, i + 1, holder["state"], {"epoch": 0, "batch": i})
       blocking.append(time.perf_counter() - t)
       during.append(timed(one_step, 1)[0])
       checkpoints.finish_saves(mngr)

@@ -50,6 +50,9 @@ FIXED_KEYS = {"model": None,  # every key
                        "train_split", "vocab_size", "vocab_model_type", "vocab_normalization")}
 
 
+RETIRED_KEYS = {"data": ("shuffle_window",)}  # keys older runs stored that no longer mean anything
+
+
 class CheckpointError(UserError, RuntimeError):
   """A checkpoint that is missing or cannot be restored; the message says what to do."""
 
@@ -103,6 +106,9 @@ def _with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
   means d_model / num_heads), so older workdirs still resume and evaluate.
   """
   merged = json.loads(base_config().to_json_best_effort())
+  for section, keys in RETIRED_KEYS.items():
+    for key in keys:
+      stored.get(section, {}).pop(key, None)
   for key, value in stored.items():
     if isinstance(value, dict) and isinstance(merged.get(key), dict):
       merged[key].update(value)

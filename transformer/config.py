@@ -10,6 +10,7 @@ from __future__ import annotations
 import ml_collections
 
 from transformer import mbr
+from transformer.data.batching import BATCHING_MODES
 from transformer.errors import UserError
 
 POSITIONAL_KINDS = ("sinusoidal", "learned")
@@ -25,7 +26,6 @@ VOCAB_MODEL_TYPES = ("bpe", "unigram")
 # SentencePiece's normalisation rules; "_cf" ones also fold case (the multimodal-MT literature's
 # lowercased training text).
 VOCAB_NORMALIZATIONS = ("identity", "nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf")
-BATCHING_MODES = ("bucket", "pack")
 ATTENTION_KERNELS = ("auto", "xla", "cudnn", "reference")
 REMAT_MODES = ("none", "full", "dots")
 NONFINITE_POLICIES = ("stop", "skip")
@@ -109,7 +109,9 @@ def _data_keys() -> ml_collections.ConfigDict:
                                     # 'pack': several pairs per row of pack_length tokens.
   data.pack_length = 256
   data.tokens_per_batch = 25000     # per side per step, padding included; the paper's ~25k.
-  data.shuffle_window = 200_000     # pairs tokenized and batched together (the epoch is shuffled).
+  data.token_cache_dir = ""         # '' = $XDG_CACHE_HOME/transformer/tokens: ids, tokenized once.
+  data.loader_workers = 0           # Grain worker processes making batches (0: threads of the
+                                    # training process; BPE-dropout runs want several).
   return data
 
 
@@ -221,13 +223,13 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
   """Each key on its own: its type, range or one of its choices."""
   for key in ("model.num_layers", "model.d_model", "model.d_ff", "model.num_heads", "model.max_len",
               "data.vocab_size", "data.max_len", "data.tokens_per_batch", "data.vocab_sample_sentences",
-              "data.pack_length", "data.shuffle_window", "train.grad_accum_steps", "train.steps",
+              "data.pack_length", "train.grad_accum_steps", "train.steps",
               "train.warmup_steps", "train.log_every", "train.eval_every",
               "train.checkpoint_every", "train.keep_checkpoints", "decode.beam_size",
               "decode.tokens_per_batch"):
     _positive(cfg, key)
   for key in ("decode.max_extra_len", "decode.min_len", "model.decoder_layers", "model.d_k",
-              "model.d_v", "train.cooldown_steps"):
+              "model.d_v", "train.cooldown_steps", "data.loader_workers"):
     _positive(cfg, key, allow_zero=True)
   _choice(cfg, "model.positional", POSITIONAL_KINDS)
   _choice(cfg, "model.norm", NORM_KINDS)
@@ -292,6 +294,9 @@ def _check_combinations(cfg: ml_collections.ConfigDict) -> None:
                       f"config.data.vocab_model_type is {cfg.data.vocab_model_type!r}")
   if [cfg.mesh[a] for a in ("data", "fsdp", "tensor")].count(-1) > 1:
     raise ConfigError("only one of config.mesh.data / fsdp / tensor may be -1 (the devices left)")
+  if cfg.data.max_len > 65535:
+    raise ConfigError(f"config.data.max_len must be at most 65535 (the token cache stores lengths "
+                      f"in 16 bits), got {cfg.data.max_len}")
   if cfg.data.batching == "pack" and cfg.data.pack_length < cfg.data.max_len:
     raise ConfigError(f"config.data.pack_length ({cfg.data.pack_length}) must be >= "
                       f"config.data.max_len ({cfg.data.max_len}) so that every kept pair fits a row")

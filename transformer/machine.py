@@ -60,3 +60,11 @@ def describe() -> dict[str, str | int]:
   return {"machine": label, "cpu": cpu, "cpu_count": os.cpu_count() or 0,
           "platform": devices[0].platform, "device_kind": kind, "devices": len(devices),
           "processes": jax.process_count(), "jax": jax.__version__}
+
+
+def usable_cpus() -> int:
+  """The cores this process may use: its CPU affinity mask (which taskset, SLURM and container
+  runtimes set), not the machine's count; SLURM_CPUS_PER_TASK where that is smaller."""
+  count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+  slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+  return min(count, int(slurm)) if slurm.isdigit() and int(slurm) > 0 else count

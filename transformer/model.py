@@ -34,8 +34,7 @@ from transformer import kv_cache, partitioning
 from transformer.attention import SEQUENCE, Keys, attention, attention_kernel
 from transformer.products import low_precision_dot_general
 from transformer.projection import SEARCH_MATRIX, output_logits, search_logits
-
-PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
+from transformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401  (re-exported)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from transformer.config import ConfigError
+from transformer.machine import usable_cpus
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # batch rows are split over both data-parallel axes
@@ -112,7 +113,7 @@ def use_cpu_devices(count: int) -> None:
   if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
     return
   if not count:
-    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    count = usable_cpus()
   jax.config.update("jax_num_cpu_devices", count)
 
 

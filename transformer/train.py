@@ -135,7 +135,7 @@ class Run:
   cfg: ml_collections.ConfigDict
   workdir: Path
   vocab: Any
-  train_pipeline: pipeline.InputPipeline
+  train_pipeline: pipeline.Loader
   eval_batches: list[dict[str, np.ndarray]]
   mesh: jax.sharding.Mesh
   model: Transformer
@@ -147,7 +147,8 @@ class Run:
   broken_after: int | None  # restored a checkpoint older than broken ones: their steps are > this
 
 
-def start_run(cfg: ml_collections.ConfigDict, workdir: Path) -> Run:
+def start_run(cfg: ml_collections.ConfigDict, workdir: Path, allow_config_change: bool = False
+              ) -> Run:
   """Checks what can go wrong before training (data, vocabulary, checkpoints, the first batch) and
   restores or initializes the state; writes nothing but the workdir and its vocabulary."""
   workdir.mkdir(parents=True, exist_ok=True)
@@ -162,11 +163,11 @@ def start_run(cfg: ml_collections.ConfigDict, workdir: Path) -> Run:
     if saved:
       state, data = checkpoints.restore(reader, fns.abstract_state, with_data=True)
   if saved:
-    data_state = pipeline.PipelineState.from_dict(data)
+    data_state = train_pipeline.resume_state(data, allow_config_change)
     if int(state.step) < max(saved):
       broken_after = int(state.step)
-    log.info("Resumed from the checkpoint at step %d (data: epoch %d, window %d, batch %d)",
-             int(state.step), data_state.epoch, data_state.window, data_state.batch)
+    log.info("Resumed from the checkpoint at step %d (data: epoch %d, batch %d of %d)",
+             int(state.step), data_state.epoch, data_state.batch, train_pipeline.num_batches)
   else:
     state = fns.init(jax.random.key(cfg.seed))
   batches = train_pipeline.batches(data_state)
@@ -190,7 +191,7 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str,
                     "the workdir of the run to continue)")
   changed = checkpoints.check_run_config(workdir, cfg, allow_config_change)
   with _undone_if_failed(workdir):
-    run = start_run(cfg, workdir)
+    run = start_run(cfg, workdir, allow_config_change)
   with contextlib.closing(run.batches):  # stops the input pipeline's thread, however we leave
     return _write_and_train(run, changed)
 
@@ -326,7 +327,7 @@ class _Loop:
 
   def save(self, step: int, state: TrainState, position: pipeline.PipelineState) -> None:
     t = time.perf_counter()
-    checkpoints.save(self.mngr, step, state, position.to_dict())
+    checkpoints.save(self.mngr, step, state, self.run.train_pipeline.position(position))
     blocked = time.perf_counter() - t
     self.writer.write("checkpoint", step, blocking_sec=blocked)
     log.info("checkpoint at step %d (training paused %.3fs; written in the background)", step,
@@ -358,7 +359,7 @@ def _stop_at_nonfinite(run: Run, mngr, state: TrainState, bad: faults.StepRecord
                                                        bad.sums["grad_norm"])))
   checkpoints.finish_saves(mngr)
   if last_good not in mngr.all_steps():
-    checkpoints.save(mngr, last_good, state, bad.data_before.to_dict())
+    checkpoints.save(mngr, last_good, state, run.train_pipeline.position(bad.data_before))
     checkpoints.finish_saves(mngr)
   batch_file = (faults.write_batch(run.workdir, bad, run.vocab) if jax.process_index() == 0
                 else run.workdir / faults.BATCH_DIR)

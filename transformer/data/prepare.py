@@ -1,11 +1,15 @@
-"""Download and prepare a TFDS translation dataset once, in the array_record format training reads.
+"""Prepare a config's data once: download (TFDS), train the shared vocabulary, tokenize every split.
 
-    python -m transformer.data.prepare wmt14_ende --data_dir=~/tensorflow_datasets
-    python -m transformer.data.prepare --config=configs/wmt14_ende.py --data_dir=...   # + vocabulary
+    python -m transformer.data.prepare --config=configs/wmt14_ende.py      # data, vocabulary, ids
+    python -m transformer.data.prepare wmt14_ende --data_dir=~/tensorflow_datasets   # data only
 
-Names: wmt14_ende, wmt14_enfr, wmt17_ende, or any TFDS name ('wmt14_translate/de-en'). With --config
-it prepares the config's training and evaluation datasets and also trains the shared vocabulary into
-the cache (vocab.py), so that a multi-host job does not train it on every host at start-up.
+With --config it downloads the config's TFDS datasets if they are missing (names: wmt14_ende,
+wmt14_enfr, wmt17_ende, or any TFDS name such as 'wmt14_translate/de-en'), trains the shared
+vocabulary into its cache (vocab.py) unless it is there, and writes the token cache of the training
+and validation splits (token_cache.py), with worker processes on every core this job may use. A
+training run does the same steps it finds missing before its first step, so this program is for
+doing them ahead, once, on one host (a multi-host job then only reads), and for timing them:
+--report=FILE writes their wall times, peak memory and drop counts as JSON.
 
 TFDS writes array_record without TensorFlow. Before downloading, every host the dataset comes from is
 checked with a short connection attempt, so a machine without network fails in seconds with a message
@@ -15,18 +19,24 @@ the 10^9-word Giga corpus) and needs a few times that in disk while preparing.
 
 from __future__ import annotations
 
+import json
 import logging
+import resource
 import socket
+import time
 from urllib.parse import urlparse
 
+import ml_collections
 from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
 from transformer.cli import run_program
-from transformer.config import ConfigError, validate
-from transformer.data import sources
+from transformer.config import validate
+from transformer.data import pipeline, sources
 from transformer.data import vocab as vocab_lib
+from transformer.files import write_atomically
+from transformer.machine import usable_cpus
 
 log = logging.getLogger("transformer")
 
@@ -94,23 +104,46 @@ def main(argv: list[str]) -> None:
   data_dir = FLAGS.data_dir
   if cfg is not None:
     validate(cfg)
-    if cfg.data.source != "tfds":
-      raise ConfigError(f"the config reads data.source={cfg.data.source!r}; nothing to prepare")
-    data_dir = cfg.data.tfds_data_dir = data_dir or cfg.data.tfds_data_dir
-    names += [cfg.data.tfds_name] + ([cfg.data.eval_tfds_name] if cfg.data.eval_tfds_name else [])
+    if cfg.data.source == "tfds":
+      data_dir = cfg.data.tfds_data_dir = data_dir or cfg.data.tfds_data_dir
+      names += [cfg.data.tfds_name] + ([cfg.data.eval_tfds_name] if cfg.data.eval_tfds_name else [])
   for name in dict.fromkeys(names):
     print(f"{tfds_name(name)}: {prepare(name, data_dir)}")
   if cfg is not None:
-    path = vocab_lib.cached_vocab(cfg.data, sources.open_split(cfg.data, cfg.data.train_split),
-                                  cfg.seed)
-    print(f"vocabulary: {path}")
+    report = prepare_config(cfg)
+    if FLAGS.report:
+      write_atomically(FLAGS.report, json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report))
+
+
+def prepare_config(cfg: ml_collections.ConfigDict) -> dict:
+  """The config's vocabulary and token caches (each built only if missing); what each took."""
+  report: dict = {"cpus": usable_cpus()}
+  t = time.time()
+  vocab_path = vocab_lib.cached_vocab(cfg.data, sources.open_split(cfg.data, cfg.data.train_split),
+                                      cfg.seed)
+  report["vocabulary"] = {"path": str(vocab_path), "seconds": round(time.time() - t, 1)}
+  print(f"vocabulary: {vocab_path}")
+  for split in (cfg.data.train_split, cfg.data.eval_split):
+    t = time.time()
+    cache = pipeline.split_cache(cfg.data, split, vocab_path)
+    report[split] = {"path": str(cache.directory), "seconds": round(time.time() - t, 1),
+                     "pairs_read": cache.meta["read"], "pairs_kept": len(cache),
+                     "dropped": cache.meta["dropped"], "tokens": cache.meta["tokens"]}
+    print(f"{split} token cache: {cache.directory}")
+  usage = [resource.getrusage(who).ru_maxrss / 2**20 for who in (resource.RUSAGE_SELF,
+                                                                    resource.RUSAGE_CHILDREN)]
+  report["peak_rss_gib"] = {"this_process": round(usage[0], 2), "largest_worker": round(usage[1], 2)}
+  return report
 
 
 def run() -> None:
+  flags.DEFINE_string("report", None, "With --config: write the steps' times, peak memory and "
+                      "drop counts to this JSON file.")
   flags.DEFINE_string("data_dir", None, "TFDS data directory (default: $TFDS_DATA_DIR or "
                       "~/tensorflow_datasets).")
-  config_flags.DEFINE_config_file("config", None, "Also prepare this config's datasets and "
-                                  "vocabulary, e.g. configs/wmt14_ende.py.")
+  config_flags.DEFINE_config_file("config", None, "Prepare this config's datasets, vocabulary and "
+                                  "token caches, e.g. configs/wmt14_ende.py.")
   run_program("transformer.data.prepare", main, takes_arguments=True)
 
 

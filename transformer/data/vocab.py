@@ -32,7 +32,8 @@ import sentencepiece as spm
 
 from transformer.data.sources import DataError, tfds_data_dir
 from transformer.files import write_atomically
-from transformer.model import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer.machine import usable_cpus
+from transformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 log = logging.getLogger("transformer")
 
@@ -55,7 +56,7 @@ def train_vocab(sentences: Sequence[str], path: str | os.PathLike, vocab_size: i
       spm.SentencePieceTrainer.train(
           sentence_iterator=iter(sample), model_prefix=str(prefix), vocab_size=vocab_size,
           model_type=model_type, character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID,
-          bos_id=BOS_ID, unk_id=UNK_ID, num_threads=os.cpu_count() or 1, minloglevel=2,
+          bos_id=BOS_ID, unk_id=UNK_ID, num_threads=usable_cpus(), minloglevel=2,
           hard_vocab_limit=True, input_sentence_size=len(sample),
           normalization_rule_name=normalization)
     except RuntimeError as e:
