@@ -58,6 +58,7 @@ def tiny_run_config(tmp_path, train_lines: int = 300, eval_lines: int = 40):
   c.data.eval_src, c.data.eval_tgt = str(tmp_path / "val.en"), str(tmp_path / "val.de")
   c.data.vocab_size = 300
   c.data.vocab_cache_dir = str(tmp_path / "vocab_cache")
+  c.data.token_cache_dir = str(tmp_path / "token_cache")
   c.data.max_len = 40
   c.data.tokens_per_batch = 512
   c.model.num_layers = 1

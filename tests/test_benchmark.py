@@ -105,7 +105,11 @@ def test_step_time_spread_against_numpy():
 
 def test_input_pipeline_benchmark_counts_real_tokens(tmp_path):
   cfg = tiny_run_config(tmp_path)
-  result = benchmark_input(cfg, batches=5)
-  assert result["batches"] == 5 and result["mode"] == "bucket"
-  assert 0 <= result["target_padding_fraction"] < 1
-  assert result["target_tokens_per_sec"] * result["seconds"] > 5 * 100  # each batch holds real tokens
+  result = benchmark_input(cfg, batches=5, workers=[0], stub_step_ms=[1.0], stub_steps=4)
+  assert result["mode"] == "bucket" and result["pairs"] == 300
+  run = result["throughput"][0]
+  assert run["batches"] == 5 and 0 <= run["target_padding_fraction"] < 1
+  assert run["real_target_tokens_per_batch"]["min"] > 0  # each batch holds real tokens
+  assert run["target_tokens_per_sec"] * run["seconds"] == pytest.approx(
+      5 * run["real_target_tokens_per_batch"]["mean"])
+  assert 0 <= result["stub_training"][0]["steps_waiting_share"] <= 1

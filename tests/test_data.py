@@ -9,7 +9,7 @@ import pytest
 import sentencepiece
 
 from transformer.config import ConfigError, base_config, validate
-from transformer.data import batching, sources
+from transformer.data import batching, sources, token_cache
 from transformer.data import vocab as vocab_lib
 from transformer.model import EOS_ID
 
@@ -208,15 +208,17 @@ def test_vocabulary_sample_is_uniform_not_the_head():
   assert len(vocab_lib.sample_sentences(text, 20_000, seed=0)) == 20_000  # all of it when fewer
 
 
-def test_filter_pairs_drops_and_counts():
+def test_filters_drop_and_count(tmp_path):
   ids = lambda n: list(range(4, 4 + n))
   src = [ids(3), [], ids(30), ids(2), ids(20), ids(5)]
   tgt = [ids(4), ids(2), ids(3), [], ids(2), ids(6)]
-  pairs = batching.filter_pairs(src, tgt, max_len=24, max_ratio=9.0)
-  assert pairs.dropped == {"empty": 2, "too_long": 1, "length_ratio": 1}
-  assert len(pairs) == 2 and pairs.source[0].tolist() == ids(3) + [EOS_ID]
-  assert pairs.target[1].tolist() == ids(6) + [EOS_ID]
-  assert len(batching.filter_pairs(src, tgt, max_len=24, max_ratio=0)) == 3  # 20 vs 2 kept: 0 = off
+  cache = token_cache.from_pairs(tmp_path / "c", src, tgt, filters=token_cache.Filters(24, 9.0))
+  assert cache.meta["dropped"] == {"empty": 2, "too_long": 1, "length_ratio": 1}
+  assert len(cache) == 2 and cache.pair(0)[0].tolist() == ids(3) + [EOS_ID]
+  assert cache.pair(1)[1].tolist() == ids(6) + [EOS_ID]
+  assert cache.index.tolist() == [0, 5]  # where the kept pairs are in the corpus
+  no_ratio = token_cache.from_pairs(tmp_path / "d", src, tgt, filters=token_cache.Filters(24, 0))
+  assert len(no_ratio) == 3  # 20 vs 2 kept: 0 = off
 
 
 def test_bucket_boundaries():

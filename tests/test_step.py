@@ -193,12 +193,12 @@ def test_packed_rows_train_like_the_same_pairs_unpacked(rng):
   model = Transformer(tiny_model_config(dropout=0.0, max_len=40))
   params = init_params(model, scale=3.0)
   lengths = [(3, 5), (6, 2), (2, 2), (7, 6), (4, 9), (1, 3)]
-  pairs = batching.EncodedPairs([np.append(rng.integers(4, 24, a), 1).astype(np.int32) for a, _ in lengths],
-                                [np.append(rng.integers(4, 24, b), 1).astype(np.int32) for _, b in lengths], {})
-  rows = batching.pack_pairs(pairs, 16)
-  assert len(rows) < len(lengths)  # some rows really hold several pairs
-  packed = batching.packed_batch(pairs, rows, 16, len(rows))
-  unpacked = batching.padded_batch(pairs, range(len(lengths)), 12, len(lengths))
+  source = [np.append(rng.integers(4, 24, a), 1).astype(np.int32) for a, _ in lengths]
+  target = [np.append(rng.integers(4, 24, b), 1).astype(np.int32) for _, b in lengths]
+  rows = [[0, 1, 2], [3, 5], [4]]  # with EOS: sources 14, 10, 5 tokens; targets 12, 11, 10
+  packed = batching.pairs_batch(source, target, rows, 16, len(rows), packed=True)
+  unpacked = batching.pairs_batch(source, target, [[i] for i in range(len(lengths))], 12,
+                                  len(lengths), packed=False)
 
   def token_losses(batch):
     logits = forward(model.apply, params, batch)
@@ -209,7 +209,7 @@ def test_packed_rows_train_like_the_same_pairs_unpacked(rng):
   for r, members in enumerate(rows):
     for segment, i in enumerate(members, start=1):
       got = packed_losses[r][packed["tgt_segments"][r] == segment]
-      want = unpacked_losses[i][:len(pairs.target[i])]
+      want = unpacked_losses[i][:len(target[i])]
       np.testing.assert_allclose(got, want, rtol=1e-4)  # float32 sums in other orders
   cfg = base_config()
   cfg.model.d_model = 16

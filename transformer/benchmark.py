@@ -16,10 +16,11 @@ Prints one JSON object (and writes it to `--output`): target tokens/s, step time
 analytic training FLOPs per step (info.training_flops_per_target_token), MFU against the device's
 peak (info.PEAK_TFLOPS, `--peak_tflops`, or a measured matmul with `--measure_peak`), decode
 sentences/s and target tokens/s for beam 1 and the config's beam, and peak device memory where the
-backend reports it. Progress goes to the log as it runs. With --input_pipeline it instead runs the
-config's real training input pipeline (read, tokenize, filter, batch; no device work) for
-`--batches` batches and reports the tokens per second it can produce. Timings live here, never in
-tests. docs/performance.md holds the figures measured with it.
+backend reports it. Progress goes to the log as it runs. With --input_pipeline it instead times the
+config's training loader on this host (no device work; transformer/data/input_benchmark.py): tokens
+per second per Grain worker count, padding, time to the first batch and to resume, memory, and a
+stand-in training loop's waits. Timings live here, never in tests. docs/performance.md and
+docs/data.md hold the figures measured with it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import statistics
 import tempfile
 import time
@@ -341,27 +341,28 @@ def against_reference(model: Transformer, params: Any, src: list[list[int]], len
           "reference_sec": time.perf_counter() - t}
 
 
-def benchmark_input(cfg, batches: int) -> dict:
-  """Tokens/s the training input pipeline produces on this host (vocabulary from the cache)."""
+def benchmark_input(cfg: ml_collections.ConfigDict, batches: int, workers: list[int],
+                    stub_step_ms: list[float], stub_steps: int, token_cache: str | None = None
+                    ) -> dict[str, Any]:
+  """What the config's training loader delivers on this host (input_benchmark.py): from the
+  config's token cache (vocabulary and cache built first if missing), or from `token_cache`."""
+  from transformer.data import input_benchmark, pipeline
+  from transformer.data.loader import BatchSpec
+  from transformer.data.token_cache import TokenCache
   validate(cfg)
-  with tempfile.TemporaryDirectory() as workdir:
-    _, pipeline, _ = training_inputs(cfg, Path(workdir), num_devices=jax.device_count())
-    real = {"src": 0, "tgt": 0}
-    padded = 0
-    t = time.perf_counter()
-    with contextlib.closing(pipeline.batches()) as stream:
-      for i, (batch, _) in enumerate(stream):
-        for side in real:
-          real[side] += int((batch[side] != 0).sum())
-        padded += batch["tgt"].size
-        if i + 1 == batches:
-          break
-    seconds = time.perf_counter() - t
-  return {"mode": cfg.data.batching, "tokens_per_batch": cfg.data.tokens_per_batch,
-          "batches": batches, "seconds": seconds, "cpu_count": os.cpu_count(),
-          "target_tokens_per_sec": real["tgt"] / seconds,
-          "source_tokens_per_sec": real["src"] / seconds,
-          "target_padding_fraction": 1 - real["tgt"] / padded}
+  subword = None
+  if token_cache:
+    cache = TokenCache(token_cache)
+  else:
+    vocab_path = vocab_lib.cached_vocab(cfg.data, sources.open_split(cfg.data, cfg.data.train_split),
+                                        cfg.seed)
+    cache = pipeline.split_cache(cfg.data, cfg.data.train_split, vocab_path)
+    if cfg.data.subword_dropout:
+      subword = {"data": cfg.data.to_dict(), "split": cfg.data.train_split,
+                 "vocab": str(vocab_path), "alpha": cfg.data.subword_dropout}
+  spec = BatchSpec.for_training(cfg, jax.device_count())
+  return input_benchmark.run(cache, spec, cfg.seed, batches, workers, stub_step_ms, stub_steps,
+                             subword)
 
 
 def main(argv: list[str]) -> None:
@@ -369,7 +370,9 @@ def main(argv: list[str]) -> None:
     raise app.UsageError("pass --config=configs/wmt14_ende.py:base (or another config)")
   initialize_distributed()
   if FLAGS.input_pipeline:
-    result = benchmark_input(FLAGS.config, FLAGS.batches)
+    result = benchmark_input(FLAGS.config, FLAGS.batches, [int(w) for w in FLAGS.loader_workers],
+                             [float(ms) for ms in FLAGS.stub_step_ms], FLAGS.stub_steps,
+                             FLAGS.token_cache)
   else:
     result = benchmark(FLAGS.config, FLAGS.batch_tokens, FLAGS.seq_len, FLAGS.steps,
                        FLAGS.warmup, FLAGS.decode_sentences, FLAGS.peak_tflops, FLAGS.measure_peak,
@@ -405,8 +408,15 @@ def run() -> None:
                        "real target tokens/s, the figure the training log prints.")
   flags.DEFINE_string("output", None, "Also write the JSON result to this file.")
   define_distributed_flags()
-  flags.DEFINE_bool("input_pipeline", False, "Time the config's input pipeline instead.")
-  flags.DEFINE_integer("batches", 200, "Batches to draw with --input_pipeline.")
+  flags.DEFINE_bool("input_pipeline", False, "Time the config's training loader instead "
+                    "(transformer/data/input_benchmark.py).")
+  flags.DEFINE_integer("batches", 200, "Batches to time with --input_pipeline.")
+  flags.DEFINE_list("loader_workers", ["0"], "With --input_pipeline: Grain worker counts to time.")
+  flags.DEFINE_list("stub_step_ms", ["50", "12"], "With --input_pipeline: the stand-in training "
+                    "loop's step times (ms).")
+  flags.DEFINE_integer("stub_steps", 200, "With --input_pipeline: steps of the stand-in loop.")
+  flags.DEFINE_string("token_cache", None, "With --input_pipeline: time this token cache (e.g. "
+                      "a synthetic one) with the config's batch settings.")
   run_program("transformer-benchmark", main)
 
 

@@ -144,14 +144,11 @@ class Planner:
                        np.full(self.num_batches, self.spec.pack_length, np.int64),
                        self._batch_order(batch_rng))
     members = order[np.argsort(self.bucket_of[order], kind="stable")]  # by bucket, shuffled within
-    starts, lengths = [], []
-    first = np.concatenate([[0], np.cumsum(self.bucket_counts)])
-    for b, (count, rows, batches) in enumerate(zip(self.bucket_counts, self.bucket_rows,
-                                                   self.bucket_batches)):
-      starts.append(first[b] + np.arange(batches) * rows)
-      lengths.append(np.full(batches, self.spec.shapes[b], np.int64))
-    starts = np.concatenate(starts + [[self.n]]).astype(np.int64)
-    return EpochPlan(members, None, None, starts, np.concatenate(lengths) if lengths else np.zeros(0, np.int64),
+    first = np.concatenate([[0], np.cumsum(self.bucket_counts)[:-1]])  # each bucket's first pair
+    starts = (np.repeat(first, self.bucket_batches) + batching.ragged_arange(self.bucket_batches)
+              * np.repeat(self.bucket_rows, self.bucket_batches))
+    lengths = np.repeat(np.asarray(self.spec.shapes, np.int64), self.bucket_batches)
+    return EpochPlan(members, None, None, np.append(starts, self.n).astype(np.int64), lengths,
                      self._batch_order(batch_rng))
 
   def _batch_order(self, rng: np.random.Generator) -> np.ndarray:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import resource
 import socket
 import time
 from urllib.parse import urlparse
@@ -35,6 +34,7 @@ from transformer.cli import run_program
 from transformer.config import validate
 from transformer.data import pipeline, sources
 from transformer.data import vocab as vocab_lib
+from transformer.data.token_cache import peak_rss_mib
 from transformer.files import write_atomically
 from transformer.machine import usable_cpus
 
@@ -129,11 +129,15 @@ def prepare_config(cfg: ml_collections.ConfigDict) -> dict:
     cache = pipeline.split_cache(cfg.data, split, vocab_path)
     report[split] = {"path": str(cache.directory), "seconds": round(time.time() - t, 1),
                      "pairs_read": cache.meta["read"], "pairs_kept": len(cache),
-                     "dropped": cache.meta["dropped"], "tokens": cache.meta["tokens"]}
+                     "dropped": cache.meta["dropped"], "tokens": cache.meta["tokens"],
+                     "workers": cache.meta["workers"],
+                     "worker_peak_rss_mib": cache.meta.get("worker_peak_rss_mib", 0)}
     print(f"{split} token cache: {cache.directory}")
-  usage = [resource.getrusage(who).ru_maxrss / 2**20 for who in (resource.RUSAGE_SELF,
-                                                                    resource.RUSAGE_CHILDREN)]
-  report["peak_rss_gib"] = {"this_process": round(usage[0], 2), "largest_worker": round(usage[1], 2)}
+  # (RUSAGE_CHILDREN would not do: a child's peak counts its parent's memory at the fork)
+  report["peak_rss_gib"] = {"this_process": round(peak_rss_mib() / 1024, 2),
+                            "largest_worker": round(max(report[split]["worker_peak_rss_mib"] for split
+                                                        in (cfg.data.train_split,
+                                                            cfg.data.eval_split)) / 1024, 2)}
   return report
 
 

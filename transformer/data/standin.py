@@ -22,15 +22,17 @@ that size directly (no text), which is what the loader reads.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import multiprocessing
 import os
 import time
+import types
 from pathlib import Path
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from transformer.data import sources
 from transformer.machine import usable_cpus
@@ -103,7 +105,7 @@ class _Generator:
       src += self.words[0][k]
       tgt += self.words[1][k]
     keep = num_words / len(src)
-    return src[:num_words], tgt[:max(1, round(len(tgt) * keep))]
+    return src[:num_words], tgt[:max(min(MIN_WORDS, len(tgt)), round(len(tgt) * keep))]
 
   def _inflate(self, rng: np.random.Generator, words: list[str], side: int) -> str:
     replace = rng.random(len(words)) < self.shape.rare_share
@@ -128,8 +130,10 @@ class _Generator:
       if kind == "length_ratio":
         tgt = tgt[:1]  # one word against 60-100: no BPE splits that into a plausible translation
       src_text, tgt_text = self._inflate(rng, src, 0), self._inflate(rng, tgt, 1)
-      if kind == "empty":
-        src_text, tgt_text = ("", tgt_text) if i % 2 else (src_text, "")
+      if kind == "empty_source":
+        src_text = ""
+      elif kind == "empty_target":
+        tgt_text = ""
       src_lines.append(src_text)
       tgt_lines.append(tgt_text)
     return src_lines, tgt_lines
@@ -138,6 +142,8 @@ class _Generator:
 def junk_positions(shape: Shape) -> dict[int, str]:
   """Pair index -> kind of junk, at seeded distinct positions."""
   counts = shape.junk_counts()
+  counts = {"empty_source": counts["empty"] // 2, "empty_target": counts["empty"] - counts["empty"] // 2,
+            "too_long": counts["too_long"], "length_ratio": counts["length_ratio"]}
   picked = np.random.default_rng([shape.seed, 2**31]).choice(shape.pairs, sum(counts.values()),
                                                              replace=False)
   kinds = np.repeat(list(counts), list(counts.values()))
@@ -157,6 +163,19 @@ def _make_chunk(args: tuple[int, int, int, dict[int, str]]) -> tuple[str, str]:
   return "".join(s + "\n" for s in src), "".join(t + "\n" for t in tgt)
 
 
+@contextlib.contextmanager
+def _pool(workers: int, shape: Shape, src_lang: str, tgt_lang: str):
+  """Worker processes that make chunks (spawned: JAX may be imported, never fork it), or this
+  process for one worker."""
+  if workers == 1:
+    _init_worker(shape, src_lang, tgt_lang)
+    yield types.SimpleNamespace(imap=map)
+    return
+  with multiprocessing.get_context("spawn").Pool(workers, _init_worker,
+                                                 (shape, src_lang, tgt_lang)) as pool:
+    yield pool
+
+
 def generate(out: str | os.PathLike, shape: Shape, src_lang: str = "en", tgt_lang: str = "de",
              valid_pairs: int = 3000, workers: int | None = None) -> dict:
   """Writes the stand-in corpus into `out`; returns the manifest (also `out/standin.json`)."""
@@ -170,12 +189,11 @@ def generate(out: str | os.PathLike, shape: Shape, src_lang: str = "en", tgt_lan
   tasks = [(k, s, min(s + CHUNK, shape.pairs), {i: v for i, v in junk.items()
                                                  if s <= i < s + CHUNK})
            for k, s in enumerate(starts)]
-  context = multiprocessing.get_context("spawn")  # JAX may be imported: never fork it
-  with (context.Pool(workers, _init_worker, (shape, src_lang, tgt_lang)) as pool,
+  with (_pool(workers, shape, src_lang, tgt_lang) as pool,
         open(out / f"train.{src_lang}.partial", "w", encoding="utf-8") as fs,
         open(out / f"train.{tgt_lang}.partial", "w", encoding="utf-8") as ft,
         Progress("stand-in corpus", shape.pairs, "pairs", line_seconds=30) as bar):
-    for (k, s, e, _), (src, tgt) in zip(tasks, pool.imap(_make_chunk, tasks)):
+    for (_, s, e, _), (src, tgt) in zip(tasks, pool.imap(_make_chunk, tasks)):
       fs.write(src)
       ft.write(tgt)
       bar.update(e - s)

@@ -266,14 +266,46 @@ class CacheWriter:
     meta = {"format": FORMAT, **meta, "pairs": len(lengths), "tokens": self.tokens,
             "dtype": self.dtype.name, "dropped": self.dropped}
     (self.tmp / META_FILE).write_text(json.dumps(meta, indent=1) + "\n")
-    old = None
-    if self.directory.exists():  # a stale cache goes only once the new one is in place
-      old = self.directory.with_name(f".{self.directory.name}.old-{os.getpid()}")
-      os.replace(self.directory, old)
-    os.replace(self.tmp, self.directory)
-    if old is not None:
-      shutil.rmtree(old, ignore_errors=True)
-    return TokenCache(self.directory)
+    return self._put_in_place(meta["fingerprint"])
+
+  def _put_in_place(self, expect: str) -> TokenCache:
+    """Renames the finished cache to `directory`. Where another process (a run started beside
+    this one) put the same cache there meanwhile, that one is kept; a stale one goes."""
+    for _ in range(5):
+      if self.directory.exists():
+        try:
+          existing = TokenCache(self.directory, expect=expect)
+          shutil.rmtree(self.tmp, ignore_errors=True)
+          return existing
+        except DataError:  # stale or damaged: set aside, removed once ours is in place
+          old = self.directory.with_name(f".{self.directory.name}.old-{os.getpid()}")
+          try:
+            os.replace(self.directory, old)
+          except FileNotFoundError:
+            pass
+      try:
+        os.replace(self.tmp, self.directory)
+      except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+          continue  # another process got there first: look again
+        raise
+      for old in self.directory.parent.glob(f".{self.directory.name}.old-*"):
+        shutil.rmtree(old, ignore_errors=True)
+      return TokenCache(self.directory)
+    raise DataError(f"could not put the token cache in place at {self.directory}: other "
+                    "processes keep replacing it; build it once with "
+                    f"`{prepare_command()}` before starting several runs")
+
+
+def peak_rss_mib(pid: int | str = "self") -> int:
+  """A process's peak resident memory (Linux's VmHWM) in MiB; 0 where it cannot be read."""
+  try:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+      if line.startswith("VmHWM:"):
+        return int(line.split()[1]) // 1024
+  except OSError:
+    pass
+  return 0
 
 
 def build(directory: str | os.PathLike, source, vocab_path: str | os.PathLike, filters: Filters,
@@ -307,10 +339,12 @@ def build(directory: str | os.PathLike, source, vocab_path: str | os.PathLike, f
     while pending:
       start, result = pending.popleft()
       write(start, result.get())
+    worker_peak = max((peak_rss_mib(p.pid) for p in getattr(pool, "_pool", [])), default=0)
     cache = writer.finish(fingerprint=fingerprint(corpus, vocab_bytes, filters), corpus=name,
                           read=len(source), vocab_size=vocab_size,
                           filters=dataclasses.asdict(filters),
-                          seconds=round(time.time() - t0, 1), workers=workers)
+                          seconds=round(time.time() - t0, 1), workers=workers,
+                          worker_peak_rss_mib=worker_peak)
   log.info("Token cache %s: %s (%s; %s source + %s target tokens, %.0fs with %d workers)",
            directory, name, filters.describe(len(cache), cache.meta["dropped"]),
            f"{cache.meta['tokens'][0]:,}", f"{cache.meta['tokens'][1]:,}", cache.meta["seconds"],

@@ -1,0 +1,165 @@
+"""What the loader delivers on this host: `transformer-benchmark --input_pipeline` runs this.
+
+    transformer-benchmark --config=configs/standin_ende.py:base,data/standin_ende --input_pipeline \
+        --loader_workers=0,1,2 --stub_step_ms=50,12 --output=input.json
+    transformer-benchmark --config=configs/wmt14_enfr.py:base --input_pipeline \
+        --token_cache=/data/synthetic_40m         # a cache made by token_cache.write_synthetic
+
+For each Grain worker count: real source and target tokens per second over `batches` batches (after
+a few untimed ones), the share of positions that are padding, and every batch's real target tokens
+(min / median / max); the time from nothing to the first batch and to the first batch of a resumed
+run (mid-epoch); the memory of the loader (this process's private and file-backed resident memory,
+plus its workers'); and a stand-in training loop whose "step" sleeps for `stub_step_ms`, as a host
+waits for its accelerator, with the share of its time and of its steps spent waiting for data.
+Nothing here is asserted by a test: speed lives in benchmarks.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from transformer.data.loader import Loader, PipelineState
+from transformer.data.token_cache import TokenCache
+from transformer.machine import usable_cpus
+from transformer.tokens import PAD_ID
+
+WARMUP_BATCHES = 3
+WAIT_THRESHOLD_SEC = 0.001  # a step "waits on data" when its batch was not ready within this
+
+
+def memory_mib(pid: int | str = "self") -> dict[str, int]:
+  """Resident memory of a process in MiB: private (RssAnon) and mapped files (RssFile: the page
+  cache of the token files, shared and reclaimable)."""
+  out = {"anon": 0, "file": 0}
+  try:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+      if line.startswith("RssAnon:"):
+        out["anon"] = int(line.split()[1]) // 1024
+      elif line.startswith("RssFile:"):
+        out["file"] = int(line.split()[1]) // 1024
+  except OSError:
+    pass
+  return out
+
+
+def children_pids() -> list[int]:
+  """This process's descendants (Grain's workers), from /proc."""
+  import os
+  parents: dict[int, list[int]] = {}
+  for entry in Path("/proc").iterdir():
+    if entry.name.isdigit():
+      try:
+        ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+      except (OSError, IndexError, ValueError):
+        continue
+      parents.setdefault(ppid, []).append(int(entry.name))
+  out, todo = [], [os.getpid()]
+  while todo:
+    kids = parents.get(todo.pop(), [])
+    out += kids
+    todo += kids
+  return out
+
+
+def _loader(cache: TokenCache, spec, seed: int, workers: int, subword) -> Loader:
+  return Loader(cache, spec, seed=seed, workers=workers, subword=subword)
+
+
+def throughput(cache: TokenCache, spec, seed: int, workers: int, batches: int,
+               subword: dict[str, Any] | None = None) -> dict[str, Any]:
+  """Tokens/s over `batches` batches after a few untimed ones, and the loader's memory."""
+  loader = _loader(cache, spec, seed, workers, subword)
+  stream = loader.batches()
+  try:
+    for _ in range(WARMUP_BATCHES):
+      next(stream)
+    real_src, real_tgt, positions = 0, 0, 0
+    per_batch = []
+    t = time.perf_counter()
+    for _ in range(batches):
+      batch, _ = next(stream)
+      tgt = int((batch["tgt"] != PAD_ID).sum())
+      real_src += int((batch["src"] != PAD_ID).sum())
+      real_tgt += tgt
+      positions += batch["tgt"].size
+      per_batch.append(tgt)
+    seconds = time.perf_counter() - t
+    workers_memory = [memory_mib(pid) for pid in children_pids()]
+    memory = memory_mib()
+  finally:
+    stream.close()
+  return {"workers": workers, "batches": batches, "seconds": round(seconds, 3),
+          "target_tokens_per_sec": real_tgt / seconds, "source_tokens_per_sec": real_src / seconds,
+          "target_padding_fraction": 1 - real_tgt / positions,
+          "real_target_tokens_per_batch": {"min": min(per_batch),
+                                           "median": statistics.median(per_batch),
+                                           "max": max(per_batch),
+                                           "mean": real_tgt / batches},
+          "rss_mib": {**memory, "workers_anon": sum(m["anon"] for m in workers_memory)}}
+
+
+def start_times(cache: TokenCache, spec, seed: int, workers: int) -> dict[str, float]:
+  """Seconds from a new loader to its first batch: from the start, and resumed mid-epoch 3."""
+  out = {}
+  for name, start in (("first_batch_sec", None), ("resume_sec", "mid")):
+    t = time.perf_counter()
+    loader = _loader(cache, spec, seed, workers, None)
+    state = PipelineState() if start is None else PipelineState(3, loader.num_batches // 2)
+    stream = loader.batches(state)
+    next(stream)
+    out[name] = round(time.perf_counter() - t, 3)
+    stream.close()
+  return out
+
+
+def stub_training(cache: TokenCache, spec, seed: int, workers: int, step_ms: float, steps: int,
+                  subword: dict[str, Any] | None = None) -> dict[str, Any]:
+  """A loop that takes a batch, then "steps" by sleeping `step_ms` (the GIL released, as a host
+  waiting for its accelerator): the share of its time and of its steps spent waiting for data."""
+  loader = _loader(cache, spec, seed, workers, subword)
+  stream = loader.batches()
+  try:
+    for _ in range(WARMUP_BATCHES):
+      next(stream)
+    waits = []
+    t = time.perf_counter()
+    for _ in range(steps):
+      w = time.perf_counter()
+      next(stream)
+      waits.append(time.perf_counter() - w)
+      time.sleep(step_ms / 1000)
+    seconds = time.perf_counter() - t
+  finally:
+    stream.close()
+  return {"step_ms": step_ms, "workers": workers, "steps": steps,
+          "waiting_time_share": sum(waits) / seconds,
+          "steps_waiting_share": float(np.mean(np.asarray(waits) > WAIT_THRESHOLD_SEC)),
+          "wait_ms_median": 1000 * statistics.median(waits)}
+
+
+def run(cache: TokenCache, spec, seed: int, batches: int, workers: list[int],
+        stub_step_ms: list[float], stub_steps: int, subword: dict[str, Any] | None = None
+        ) -> dict[str, Any]:
+  """Everything above, for a cache and the run's batch settings."""
+  result: dict[str, Any] = {
+      "cache": str(cache.directory), "pairs": len(cache), "corpus": cache.meta["corpus"],
+      "dropped": cache.meta["dropped"], "mode": spec.mode,
+      "tokens_per_batch": spec.tokens_per_batch, "cpus": usable_cpus()}
+  loader = _loader(cache, spec, seed, 0, None)
+  result["batches_per_epoch"] = loader.num_batches
+  src, tgt = loader.planner.real_share(cache.lengths)
+  result["epoch_real_share"] = {"source": src, "target": tgt}
+  result.update(start_times(cache, spec, seed, min(workers)))
+  result["throughput"] = [throughput(cache, spec, seed, w, batches) for w in workers]
+  if subword:
+    result["subword_dropout"] = [throughput(cache, spec, seed, w, max(5, batches // 20), subword)
+                                 for w in workers]
+  best = max(result["throughput"], key=lambda r: r["target_tokens_per_sec"])["workers"]
+  result["stub_training"] = [stub_training(cache, spec, seed, best, ms, stub_steps)
+                             for ms in stub_step_ms]
+  return result
