@@ -94,6 +94,15 @@ def pack_templates(costs: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarr
   return slot_cost, row_start
 
 
+def pad_rows(rows: list[np.ndarray], length: int, num_rows: int) -> np.ndarray:
+  """[num_rows, length] int32, right-padded with PAD_ID (missing rows are all padding): decoding's
+  batches, a few hundred sentences at a time."""
+  out = np.full((num_rows, length), PAD_ID, np.int32)
+  for i, row in enumerate(rows):
+    out[i, :len(row)] = row
+  return out
+
+
 def ragged_arange(lengths: np.ndarray) -> np.ndarray:
   """0..n-1 for each n in `lengths`, concatenated."""
   ends = np.cumsum(lengths)

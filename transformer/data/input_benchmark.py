@@ -159,7 +159,6 @@ def run(cache: TokenCache, spec, seed: int, batches: int, workers: list[int],
   if subword:
     result["subword_dropout"] = [throughput(cache, spec, seed, w, max(5, batches // 20), subword)
                                  for w in workers]
-  best = max(result["throughput"], key=lambda r: r["target_tokens_per_sec"])["workers"]
-  result["stub_training"] = [stub_training(cache, spec, seed, best, ms, stub_steps)
-                             for ms in stub_step_ms]
+  result["stub_training"] = [stub_training(cache, spec, seed, w, ms, stub_steps)
+                             for ms in stub_step_ms for w in workers]
   return result

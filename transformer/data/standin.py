@@ -16,8 +16,9 @@ its size and shape, not its meaning. This builds parallel text with that shape:
     python -m transformer.data.standin --out=/data/standin --pairs=4500000   # En-De's size
 
 writes `train.en`, `train.de` (plain UTF-8, a sentence a line), `valid.en`, `valid.de` (3,000 clean
-pairs) and `standin.json`. For En-Fr's 40.8M pairs, `token_cache.write_synthetic` writes an id cache of
-that size directly (no text), which is what the loader reads.
+pairs) and `standin.json`. For En-Fr's 40.8M pairs an id cache of that size is enough to measure the
+loader, and cheaper than its text: `--synthetic_ids --pairs=40800000` writes one directly
+(`token_cache.write_synthetic`).
 """
 
 from __future__ import annotations
@@ -215,6 +216,12 @@ FLAGS = flags.FLAGS
 
 def main(argv: list[str]) -> None:
   del argv
+  if FLAGS.synthetic_ids:
+    from transformer.data.token_cache import write_synthetic
+    cache = write_synthetic(FLAGS.out, FLAGS.pairs, seed=FLAGS.seed)
+    print(json.dumps({"cache": str(cache.directory), "pairs": len(cache),
+                      "tokens": cache.meta["tokens"]}))
+    return
   shape = Shape(pairs=FLAGS.pairs, word_types=FLAGS.word_types, seed=FLAGS.seed)
   manifest = generate(FLAGS.out, shape, FLAGS.src_lang, FLAGS.tgt_lang, workers=FLAGS.workers)
   print(json.dumps(manifest))
@@ -228,6 +235,8 @@ def run() -> None:
   flags.DEFINE_string("src_lang", "en", "Source language (a bundled Multi30k one: en, de, fr).")
   flags.DEFINE_string("tgt_lang", "de", "Target language.")
   flags.DEFINE_integer("workers", None, "Worker processes (default: the cores this job may use).")
+  flags.DEFINE_bool("synthetic_ids", False, "Write a token cache of random ids with WMT-shaped "
+                    "lengths instead of text (no vocabulary; for the loader at En-Fr's 40.8M).")
   from transformer.cli import run_program
   run_program("transformer.data.standin", main, compilation_cache=False)
 

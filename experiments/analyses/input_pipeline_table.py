@@ -1,0 +1,114 @@
+"""docs/data.md's table of input-side figures, generated from the record's JSON files.
+
+    python -m experiments.analyses.input_pipeline_table --record=experiments/results/input_pipeline
+    python -m experiments.analyses.input_pipeline_table --record=... --write   # into docs/data.md
+
+The table sits between `<!-- input-pipeline:begin -->` and `<!-- input-pipeline:end -->`;
+tests/test_docs_tables.py fails when the page and the record disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from absl import app, flags
+
+PAGE = Path(__file__).parents[2] / "docs" / "data.md"
+BEGIN, END = "<!-- input-pipeline:begin -->", "<!-- input-pipeline:end -->"
+
+
+def _load(record: Path, name: str) -> dict | None:
+  path = record / f"{name}.json"
+  return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _rate(x: float) -> str:
+  return f"{x / 1e6:.2f}M"
+
+
+def table(record: str | Path) -> str:
+  """The markdown of the record's figures."""
+  record = Path(record)
+  lines = []
+  prep, standin = _load(record, "prepare_4.5m"), _load(record, "standin")
+  if prep:
+    train = prep["train"]
+    total = prep["vocabulary"]["seconds"] + train["seconds"]
+    lines += [
+        "| preparing the stand-in corpus (4.5M pairs) | figure |", "|---|---|",
+        f"| 37k BPE vocabulary on a 1M-pair sample | {prep['vocabulary']['seconds']:.0f} s |",
+        f"| token cache, {train['pairs_read']:,} pairs, {train['workers']} worker processes "
+        f"| {train['seconds']:.0f} s |",
+        f"| both | **{total / 60:.1f} min** |",
+        f"| peak memory: the program / its largest worker | {prep['peak_rss_gib']['this_process']:.1f}"
+        f" / {prep['peak_rss_gib']['largest_worker']:.2f} GiB |",
+        f"| dropped: empty / over-long / length ratio > 9 | {train['dropped']['empty']:,} / "
+        f"{train['dropped']['too_long']:,} / {train['dropped']['length_ratio']:,} |"]
+    if standin:
+      injected = standin["injected"]
+      lines.append(f"| injected by the generator | {injected['empty']:,} / {injected['too_long']:,}"
+                   f" / {injected['length_ratio']:,} |")
+    lines.append("")
+  rows = []
+  for name, label in (("bucket_4.5m", "buckets, 4.5M"), ("pack_4.5m", "packed, 4.5M"),
+                      ("bpe_dropout_4.5m", "buckets + BPE-dropout 0.1, 4.5M"),
+                      ("bucket_40.8m", "buckets, 40.8M (synthetic ids)"),
+                      ("pack_40.8m", "packed, 40.8M (synthetic ids)")):
+    result = _load(record, name)
+    if not result:
+      continue
+    runs = result.get("subword_dropout") or result["throughput"]
+    rates = " / ".join(_rate(r["target_tokens_per_sec"]) for r in runs)
+    workers = "/".join(str(r["workers"]) for r in runs)
+    best = max(runs, key=lambda r: r["target_tokens_per_sec"])
+    memory = best["rss_mib"]
+    stubs = {}
+    for stub in result.get("stub_training", []):
+      stubs.setdefault(stub["step_ms"], []).append(f"{stub['steps_waiting_share']:.1%}")
+    stubs = "; ".join(f"{ms:g} ms: {' / '.join(shares)}" for ms, shares in stubs.items())
+    rows.append(
+        f"| {label} | {rates} ({workers} workers) | {result['epoch_real_share']['target']:.1%} | "
+        f"{best['real_target_tokens_per_batch']['mean']:,.0f} | {result['first_batch_sec']:.1f} / "
+        f"{result['resume_sec']:.1f} s | {memory['anon'] + memory['workers_anon']:,} / "
+        f"{memory['file']:,} MiB | {stubs} |")
+  if rows:
+    lines += ["| loader (one process) | real target tokens/s | target positions real (epoch) | "
+              "real target tokens a batch (of 25k) | first batch / resume | memory: private / "
+              "mapped files | steps waiting on data (stub step) |",
+              "|---|---|---|---|---|---|---|", *rows]
+  return "\n".join(lines)
+
+
+def write(record: str | Path, page: Path = PAGE) -> bool:
+  """Puts the table between the page's markers; True if the page changed."""
+  text = page.read_text()
+  if BEGIN not in text or END not in text:
+    raise SystemExit(f"{page} has no {BEGIN} ... {END} block")
+  new = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END),
+               lambda _: f"{BEGIN}\n{table(record)}\n{END}", text, flags=re.S)
+  page.write_text(new)
+  return new != text
+
+
+def page_block(page: Path = PAGE) -> str:
+  text = page.read_text()
+  return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+
+
+FLAGS = flags.FLAGS
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  if FLAGS.write:
+    print(f"{PAGE}: {'updated' if write(FLAGS.record) else 'unchanged'}")
+  else:
+    print(table(FLAGS.record))
+
+
+if __name__ == "__main__":
+  flags.DEFINE_string("record", "experiments/results/input_pipeline", "The record folder.")
+  flags.DEFINE_bool("write", False, "Write the table into docs/data.md.")
+  app.run(main)

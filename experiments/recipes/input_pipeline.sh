@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The input side at WMT's size on this machine: the stand-in corpus (4.5M pairs, En-De's size) is
+# generated, prepared (vocabulary + token caches, timed), and the loader is benchmarked in bucket and
+# pack modes, with BPE-dropout, and on a 40.8M-pair synthetic id cache (En-Fr's size). Writes the
+# record experiments/results/input_pipeline/ (JSON per measurement) and regenerates the table in
+# docs/data.md. Run from the repository root, nothing else running:
+#   bash experiments/recipes/input_pipeline.sh [DATA_DIR]        # default: data/
+set -euo pipefail
+DATA=${1:-data}
+OUT=experiments/results/input_pipeline
+mkdir -p "$OUT" "$DATA"
+export XDG_CACHE_HOME=$DATA/cache  # the vocabulary and token caches of this measurement only
+CONFIG="configs/standin_ende.py:base,$DATA/standin_ende"
+if [ ! -f "$DATA/standin_ende/standin.json" ]; then
+  python -m transformer.data.standin --out="$DATA/standin_ende" --pairs=4500000
+fi
+cp "$DATA/standin_ende/standin.json" "$OUT/standin.json"
+/usr/bin/time -v python -m transformer.data.prepare --config="$CONFIG" \
+  --report="$OUT/prepare_4.5m.json" 2> "$OUT/prepare_4.5m.log"
+for mode in bucket pack; do
+  transformer-benchmark --config="$CONFIG" --input_pipeline --config.data.batching=$mode \
+    --loader_workers=0,1,2 --output="$OUT/${mode}_4.5m.json"
+done
+transformer-benchmark --config="$CONFIG" --input_pipeline --config.data.subword_dropout=0.1 \
+  --loader_workers=0,1,2 --batches=100 --output="$OUT/bpe_dropout_4.5m.json"
+if [ ! -f "$DATA/synthetic_40.8m/meta.json" ]; then
+  python -m transformer.data.standin --synthetic_ids --pairs=40800000 --out="$DATA/synthetic_40.8m"
+fi
+for mode in bucket pack; do
+  transformer-benchmark --config=configs/wmt14_enfr.py:base --input_pipeline \
+    --token_cache="$DATA/synthetic_40.8m" --config.data.batching=$mode --loader_workers=0,1,2 \
+    --output="$OUT/${mode}_40.8m.json"
+done
+python -m experiments.analyses.input_pipeline_table --record="$OUT" --write
