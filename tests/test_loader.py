@@ -130,13 +130,19 @@ def test_pack_templates_against_brute_force_on_small_cases():
 
 
 @pytest.mark.parametrize("mode", ["bucket", "pack"])
-def test_resume_from_any_state_gives_the_same_batches(tmp_path, mode):
+@pytest.mark.parametrize("process", [None, 1])
+def test_resume_from_any_state_gives_the_same_batches(tmp_path, mode, process):
+  """One process, or process 1 of 2 simulated: mid-epoch and around the epoch's edge."""
   cache = cache_of(tmp_path, 150)
-  full = list(itertools.islice(make(cache, mode).batches(), 60))
+  kw = {} if process is None else {"sharding": Sharding(process, 2), "row_multiple": 4}
+  full = list(itertools.islice(make(cache, mode, **kw).batches(), 60))
   assert len({s.epoch for _, s in full}) > 1  # the batches span an epoch boundary
   edge = next(i for i, (_, s) in enumerate(full) if s.batch == 0) + 1
   for cut in (1, 7, edge - 1, edge, edge + 1, 50):
-    resumed = list(itertools.islice(make(cache, mode).batches(full[cut - 1][1]), 60 - cut))
+    saved = make(cache, mode, **kw).position(full[cut - 1][1])
+    resumed_loader = make(cache, mode, **kw)
+    resumed = list(itertools.islice(resumed_loader.batches(resumed_loader.resume_state(saved)),
+                                    60 - cut))
     for (a, sa), (b, sb) in zip(full[cut:], resumed, strict=True):
       assert sa == sb and a.keys() == b.keys()
       for k in a:

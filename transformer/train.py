@@ -243,6 +243,7 @@ class _Loop:
     self.start = int(run.state.step)
     self.t_start = self.interval_start = self.last_save = time.time()
     self.interval_sums, self.interval_flops, self.tokens_seen = [], 0.0, 0.0
+    self.interval_real, self.interval_positions = 0.0, 0  # this process's target tokens, padding
     self.saved_step = self.start
 
   def train(self) -> dict[str, Any]:
@@ -262,7 +263,10 @@ class _Loop:
       data_state = next_data_state
       self.interval_sums.append(sums)
       self.interval_flops += batch_flops(run.model.config, batch)
-      self.bar.update(1, tokens=float((batch["tgt"] != PAD_ID).sum()) * jax.process_count())
+      real = float((batch["tgt"] != PAD_ID).sum())
+      self.interval_positions += batch["tgt"].size
+      self.interval_real += real
+      self.bar.update(1, tokens=real * jax.process_count())
       done = step + 1
       log_due = done % cfg.train.log_every == 0 or done == total
       eval_due = done % cfg.train.eval_every == 0 or done == total
@@ -295,7 +299,8 @@ class _Loop:
     record.update(learning_rate=float(self.run.fns.schedule(done - 1)),
                   epoch=self.run.train_pipeline.epoch_fraction(data_state),
                   elapsed=now - self.t_start, skipped_updates=self.watch.skipped,
-                  tflops_per_sec=self.interval_flops / (now - self.interval_start) / 1e12)
+                  tflops_per_sec=self.interval_flops / (now - self.interval_start) / 1e12,
+                  target_padding=1 - self.interval_real / max(self.interval_positions, 1))
     if self.peak:
       record["mfu"] = record["tflops_per_sec"] / (self.peak * jax.device_count())
     self.tokens_seen += record.pop("tokens")
@@ -303,13 +308,15 @@ class _Loop:
     total = self.run.cfg.train.steps
     eta = record["elapsed"] / (done - self.start) * (total - done)
     mfu = f" | MFU {record['mfu']:.1%}" if "mfu" in record else ""
-    log.info("step %d/%d | loss %.3f | nll %.3f | lr %.2e | %.0f tok/s | %.2f TFLOP/s%s | "
-             "elapsed %s | ETA %s", done, total, record["loss"], record["nll"],
-             record["learning_rate"], record["tokens_per_sec"], record["tflops_per_sec"], mfu,
+    log.info("step %d/%d | loss %.3f | nll %.3f | lr %.2e | %.0f tok/s | pad %.0f%% | "
+             "%.2f TFLOP/s%s | elapsed %s | ETA %s", done, total, record["loss"], record["nll"],
+             record["learning_rate"], record["tokens_per_sec"], 100 * record["target_padding"],
+             record["tflops_per_sec"], mfu,
              format_duration(record["elapsed"]), format_duration(eta))
     self.bar.update(0, loss=record["loss"])
     checkpoints.check_saves(self.mngr)  # a failed background write (disk full) stops the run here
     self.interval_start, self.interval_sums, self.interval_flops = time.time(), [], 0.0
+    self.interval_real, self.interval_positions = 0.0, 0
 
   def validate(self, done: int, state: TrainState) -> None:
     """Teacher-forced validation of the parameters (and of their moving average, if kept)."""

@@ -103,6 +103,20 @@ def throughput(cache: TokenCache, spec, seed: int, workers: int, batches: int,
           "rss_mib": {**memory, "workers_anon": sum(m["anon"] for m in workers_memory)}}
 
 
+def direct(cache: TokenCache, spec, seed: int, batches: int) -> dict[str, Any]:
+  """The batches made by calling the batch function in this thread, without Grain: what the
+  gathers alone cost, against which Grain's read-ahead is measured."""
+  loader = _loader(cache, spec, seed, 0, None)
+  loader.make(0)  # plans the epoch
+  real = 0
+  t = time.perf_counter()
+  for g in range(1, batches + 1):
+    real += int((loader.make(g)["tgt"] != PAD_ID).sum())
+  seconds = time.perf_counter() - t
+  return {"batches": batches, "seconds": round(seconds, 3), "target_tokens_per_sec": real / seconds,
+          "ms_per_batch": 1000 * seconds / batches}
+
+
 def start_times(cache: TokenCache, spec, seed: int, workers: int) -> dict[str, float]:
   """Seconds from a new loader to its first batch: from the start, and resumed mid-epoch 3."""
   out = {}
@@ -155,6 +169,7 @@ def run(cache: TokenCache, spec, seed: int, batches: int, workers: list[int],
   src, tgt = loader.planner.real_share(cache.lengths)
   result["epoch_real_share"] = {"source": src, "target": tgt}
   result.update(start_times(cache, spec, seed, min(workers)))
+  result["without_grain"] = direct(cache, spec, seed, batches)
   result["throughput"] = [throughput(cache, spec, seed, w, batches) for w in workers]
   if subword:  # per-sentence sampling is slower: fewer batches, and the stub loop samples too
     result["subword_dropout"] = [throughput(cache, spec, seed, w, max(5, batches // 20), subword)
