@@ -10,24 +10,29 @@ DATA=${1:-data}
 OUT=experiments/results/input_pipeline
 mkdir -p "$OUT" "$DATA"
 export XDG_CACHE_HOME=$DATA/cache  # the vocabulary and token caches of this measurement only
+# glibc's default malloc for the loader's memory figures (the programs otherwise keep freed blocks
+# for XLA's temporaries, host_memory.py, which would count the vocabulary's and text's freed memory)
+BENCH="env TRANSFORMER_MALLOC_DEFAULTS=1 transformer-benchmark"
 CONFIG="configs/standin_ende.py:base,$DATA/standin_ende"
 if [ ! -f "$DATA/standin_ende/standin.json" ]; then
   python -m transformer.data.standin --out="$DATA/standin_ende" --pairs=4500000
 fi
 cp "$DATA/standin_ende/standin.json" "$OUT/standin.json"
-/usr/bin/time -v python -m transformer.data.prepare --config="$CONFIG" \
-  --report="$OUT/prepare_4.5m.json" 2> "$OUT/prepare_4.5m.log"
+if [ "${SKIP_PREPARE:-0}" != 1 ]; then
+  /usr/bin/time -v python -m transformer.data.prepare --config="$CONFIG" \
+    --report="$OUT/prepare_4.5m.json" 2> "$OUT/prepare_4.5m.log"
+fi
 for mode in bucket pack; do
-  transformer-benchmark --config="$CONFIG" --input_pipeline --config.data.batching=$mode \
+  $BENCH --config="$CONFIG" --input_pipeline --config.data.batching=$mode \
     --loader_workers=0,1,2 --output="$OUT/${mode}_4.5m.json"
 done
-transformer-benchmark --config="$CONFIG" --input_pipeline --config.data.subword_dropout=0.1 \
+$BENCH --config="$CONFIG" --input_pipeline --config.data.subword_dropout=0.1 \
   --loader_workers=0,1,2 --batches=100 --output="$OUT/bpe_dropout_4.5m.json"
 if [ ! -f "$DATA/synthetic_40.8m/meta.json" ]; then
   python -m transformer.data.standin --synthetic_ids --pairs=40800000 --out="$DATA/synthetic_40.8m"
 fi
 for mode in bucket pack; do
-  transformer-benchmark --config=configs/wmt14_enfr.py:base --input_pipeline \
+  $BENCH --config=configs/wmt14_enfr.py:base --input_pipeline \
     --token_cache="$DATA/synthetic_40.8m" --config.data.batching=$mode --loader_workers=0,1,2 \
     --output="$OUT/${mode}_40.8m.json"
 done

@@ -72,7 +72,9 @@ def _loader(cache: TokenCache, spec, seed: int, workers: int, subword) -> Loader
 
 def throughput(cache: TokenCache, spec, seed: int, workers: int, batches: int,
                subword: dict[str, Any] | None = None) -> dict[str, Any]:
-  """Tokens/s over `batches` batches after a few untimed ones, and the loader's memory."""
+  """Tokens/s over `batches` batches after a few untimed ones, and the loader's memory (this
+  process's before the loader was made, and after: the difference is the loader's)."""
+  before = memory_mib()
   loader = _loader(cache, spec, seed, workers, subword)
   stream = loader.batches()
   try:
@@ -100,7 +102,8 @@ def throughput(cache: TokenCache, spec, seed: int, workers: int, batches: int,
                                            "median": statistics.median(per_batch),
                                            "max": max(per_batch),
                                            "mean": real_tgt / batches},
-          "rss_mib": {**memory, "workers_anon": sum(m["anon"] for m in workers_memory)}}
+          "rss_mib": {**memory, "anon_before": before["anon"],
+                      "workers_anon": sum(m["anon"] for m in workers_memory)}}
 
 
 def direct(cache: TokenCache, spec, seed: int, batches: int) -> dict[str, Any]:
