@@ -18,10 +18,21 @@ if [ ! -f "$DATA/standin_ende/standin.json" ]; then
   python -m transformer.data.standin --out="$DATA/standin_ende" --pairs=4500000
 fi
 cp "$DATA/standin_ende/standin.json" "$OUT/standin.json"
+python - > "$OUT/machine.json" <<'PY'
+import json, subprocess, time, grain, numpy, sentencepiece
+from transformer import machine
+print(json.dumps({**machine.describe(), "commit": subprocess.run(
+    ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "grain": grain.__version__,
+    "numpy": numpy.__version__, "sentencepiece": sentencepiece.__version__}))
+PY
 if [ "${SKIP_PREPARE:-0}" != 1 ]; then
   /usr/bin/time -v python -m transformer.data.prepare --config="$CONFIG" \
     --report="$OUT/prepare_4.5m.json" 2> "$OUT/prepare_4.5m.log"
 fi
+python -m transformer.data.standin --out="$DATA/standin_ende" \
+  --check_cache="$(python -c "import json; print(json.load(open('$OUT/prepare_4.5m.json'))['train']['path'])")" \
+  > "$OUT/drops_4.5m.json"
 for mode in bucket pack; do
   $BENCH --config="$CONFIG" --input_pipeline --config.data.batching=$mode \
     --loader_workers=0,1,2 --output="$OUT/${mode}_4.5m.json"

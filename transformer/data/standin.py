@@ -211,11 +211,33 @@ def generate(out: str | os.PathLike, shape: Shape, src_lang: str = "en", tgt_lan
   return manifest
 
 
+def check_drops(out: str | os.PathLike, cache_dir: str | os.PathLike) -> dict:
+  """Which pairs a training token cache of the corpus in `out` dropped, against the junk injected
+  there: the injected pairs dropped and kept, and any other pair dropped (with the first few)."""
+  from transformer.data.token_cache import TokenCache
+  manifest = json.loads((Path(out) / "standin.json").read_text())
+  shape = Shape(**manifest["shape"])
+  junk = junk_positions(shape)
+  kept = np.zeros(shape.pairs, bool)
+  kept[np.asarray(TokenCache(cache_dir).index)] = True
+  dropped = set(np.flatnonzero(~kept).tolist())
+  others = sorted(dropped - set(junk))
+  text = sources.TextFilePairs(*(Path(out) / f"train.{lang}" for lang in manifest["languages"]))
+  examples = [dict(zip(("index", "source", "target"), (i, *(side[0] for side in text.read([i])))))
+              for i in others[:5]]
+  return {"injected": len(junk), "injected_dropped": len(dropped & set(junk)),
+          "injected_kept": len(set(junk) - dropped), "other_dropped": len(others),
+          "other_examples": examples}
+
+
 FLAGS = flags.FLAGS
 
 
 def main(argv: list[str]) -> None:
   del argv
+  if FLAGS.check_cache:
+    print(json.dumps(check_drops(FLAGS.out, FLAGS.check_cache), ensure_ascii=False))
+    return
   if FLAGS.synthetic_ids:
     from transformer.data.token_cache import write_synthetic
     cache = write_synthetic(FLAGS.out, FLAGS.pairs, seed=FLAGS.seed)
@@ -235,6 +257,8 @@ def run() -> None:
   flags.DEFINE_string("src_lang", "en", "Source language (a bundled Multi30k one: en, de, fr).")
   flags.DEFINE_string("tgt_lang", "de", "Target language.")
   flags.DEFINE_integer("workers", None, "Worker processes (default: the cores this job may use).")
+  flags.DEFINE_string("check_cache", None, "Compare this training token cache's drops with the "
+                      "junk injected into the corpus at --out, and print the result.")
   flags.DEFINE_bool("synthetic_ids", False, "Write a token cache of random ids with WMT-shaped "
                     "lengths instead of text (no vocabulary; for the loader at En-Fr's 40.8M).")
   from transformer.cli import run_program
