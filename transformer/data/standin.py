@@ -128,9 +128,11 @@ class _Generator:
       elif kind == "length_ratio":
         num_words = int(rng.integers(60, 100))
       src, tgt = self._pair(rng, int(num_words))
-      if kind == "length_ratio":
-        tgt = tgt[:1]  # one word against 60-100: no BPE splits that into a plausible translation
-      src_text, tgt_text = self._inflate(rng, src, 0), self._inflate(rng, tgt, 1)
+      src_text = self._inflate(rng, src, 0)
+      if kind == "length_ratio":  # one common word (a piece or two) against 60-100 words
+        tgt_text = tgt[0]
+      else:
+        tgt_text = self._inflate(rng, tgt, 1)
       if kind == "empty_source":
         src_text = ""
       elif kind == "empty_target":
