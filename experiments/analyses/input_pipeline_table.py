@@ -68,18 +68,18 @@ def table(record: str | Path) -> str:
     for stub in result.get("stub_training", []):
       stubs.setdefault(stub["step_ms"], []).append(f"{stub['steps_waiting_share']:.1%}")
     stubs = "; ".join(f"{ms:g} ms: {' / '.join(shares)}" for ms, shares in stubs.items())
-    alone = result.get("without_grain")
+    alone = None if result.get("subword_dropout") else result.get("without_grain")
     alone = f"{_rate(alone['target_tokens_per_sec'])} ({alone['ms_per_batch']:.1f} ms)" if alone else ""
     rows.append(
         f"| {label} | {rates} ({workers} workers) | {alone} | "
         f"{result['epoch_real_share']['target']:.1%} | "
         f"{best['real_target_tokens_per_batch']['mean']:,.0f} | {result['first_batch_sec']:.1f} / "
-        f"{result['resume_sec']:.1f} s | {memory['anon'] - memory['anon_before']:,} + "
-        f"{memory['workers_anon']:,} / {memory['file']:,} MiB | {stubs} |")
+        f"{result['resume_sec']:.1f} s | {memory['anon']:,} + {memory['workers_anon']:,} / "
+        f"{memory['file']:,} MiB | {stubs} |")
   if rows:
     lines += ["| loader (one process) | real target tokens/s | the batch function alone, no Grain "
               "| target positions real (epoch) | real target tokens a batch (of 25k) | first batch "
-              "/ resume | memory: the loader's private + its workers' / mapped files | steps waiting on "
+              "/ resume | memory: the process's private + its workers' / mapped files | steps waiting on "
               "data (stub step: 0 / 1 / 2 workers) |",
               "|---|---|---|---|---|---|---|---|", *rows]
   return "\n".join(lines)

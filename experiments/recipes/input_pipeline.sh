@@ -38,7 +38,7 @@ for mode in bucket pack; do
     --loader_workers=0,1,2 --output="$OUT/${mode}_4.5m.json"
 done
 $BENCH --config="$CONFIG" --input_pipeline --config.data.subword_dropout=0.1 \
-  --loader_workers=0,1,2 --batches=100 --output="$OUT/bpe_dropout_4.5m.json"
+  --loader_workers=0,1,2 --batches=40 --stub_steps=40 --output="$OUT/bpe_dropout_4.5m.json"
 if [ ! -f "$DATA/synthetic_40.8m/meta.json" ]; then
   python -m transformer.data.standin --synthetic_ids --pairs=40800000 --out="$DATA/synthetic_40.8m"
 fi
