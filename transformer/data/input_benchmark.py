@@ -95,7 +95,7 @@ def throughput(cache: TokenCache, spec, seed: int, workers: int, batches: int,
     memory = memory_mib()
   finally:
     stream.close()
-  return {"workers": workers, "batches": batches, "seconds": round(seconds, 3),
+  return {"workers": workers, "batches": batches, "seconds": seconds,
           "target_tokens_per_sec": real_tgt / seconds, "source_tokens_per_sec": real_src / seconds,
           "target_padding_fraction": 1 - real_tgt / positions,
           "real_target_tokens_per_batch": {"min": min(per_batch),
