@@ -5,6 +5,7 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import tensorflow_datasets as tfds
@@ -113,13 +114,22 @@ def test_wmt14_ende_trains_from_tfds(offline_downloads, tmp_path):
   out = subprocess.run([sys.executable, "-m", "transformer.data.prepare",
                         "--config=configs/wmt14_ende.py", f"--data_dir={data_dir}",
                         "--config.data.vocab_size=300",
-                        f"--config.data.vocab_cache_dir={cfg.data.vocab_cache_dir}"],
+                        f"--config.data.vocab_cache_dir={cfg.data.vocab_cache_dir}",
+                        f"--config.data.token_cache_dir={cfg.data.token_cache_dir}",
+                        "--config.data.max_len=40", f"--report={tmp_path / 'report.json'}"],
                        capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr[-2000:]
+  caches = sorted(p for p in Path(cfg.data.token_cache_dir).iterdir())  # the ones training built
+  assert [c.name.split(".")[1] for c in caches] == ["train", "validation"]
   assert out.stdout.splitlines() == [
       f"wmt14_translate/de-en: {data_dir}/wmt14_translate/de-en/1.0.0",
-      f"vocabulary: {vocab_lib.cached_vocab_path(cfg.data, cfg.seed, corpus_pairs=1)}"]
+      f"vocabulary: {vocab_lib.cached_vocab_path(cfg.data, cfg.seed, corpus_pairs=1)}",
+      f"train token cache: {caches[0]}", f"validation token cache: {caches[1]}"]
   assert "Reusing the cached vocabulary" in out.stderr
+  assert "Token cache" not in out.stderr  # both reused, not built again
+  report = json.loads((tmp_path / "report.json").read_text())
+  assert report["train"]["pairs_kept"] + sum(report["train"]["dropped"].values()) == \
+      report["train"]["pairs_read"]
 
 
 def test_missing_dataset_says_what_to_run_without_touching_the_network(offline_downloads, tmp_path):

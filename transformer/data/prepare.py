@@ -113,7 +113,6 @@ def main(argv: list[str]) -> None:
     report = prepare_config(cfg)
     if FLAGS.report:
       write_atomically(FLAGS.report, json.dumps(report, indent=1) + "\n")
-    print(json.dumps(report))
 
 
 def prepare_config(cfg: ml_collections.ConfigDict) -> dict:
