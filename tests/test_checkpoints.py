@@ -109,3 +109,13 @@ def test_average_of_checkpoints_is_the_arithmetic_mean(tmp_path):
     checkpoints.last_steps(mngr, 5)
   with pytest.raises(checkpoints.CheckpointError, match="has 2 up to step 2"):
     checkpoints.last_steps(mngr, 3, up_to=2)
+
+
+def test_a_run_config_with_retired_keys_loads_without_them(tmp_path):
+  """A workdir written before the token cache kept data.shuffle_window; it still loads."""
+  stored = json.loads(base_config().to_json_best_effort())
+  stored["data"]["shuffle_window"] = 200_000
+  (tmp_path / checkpoints.CONFIG_FILE).write_text(json.dumps(stored))
+  cfg = checkpoints.load_run_config(tmp_path)
+  assert "shuffle_window" not in cfg.data and cfg.data.loader_workers == 0
+  assert checkpoints.check_run_config(tmp_path, base_config()) == []
