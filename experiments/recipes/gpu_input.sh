@@ -17,7 +17,7 @@ read -r -a extra <<< "${EXTRA:-}"
 mkdir -p "$out" "$data"
 export XDG_CACHE_HOME=$data/cache
 config="configs/standin_ende.py:base,$data/standin_gpu"
-(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || echo "no GPU") > "$out/gpu.txt"
+(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || echo "no GPU") > "$out/gpu.txt"
 nproc > "$out/cpus.txt"
 [ -f "$data/standin_gpu/standin.json" ] || python -m transformer.data.standin \
   --out="$data/standin_gpu" --pairs="$pairs"
