@@ -196,10 +196,11 @@ class MakeBatch:
   """
 
   def __init__(self, cache_dir: str, spec: BatchSpec, seed: int, shuffle: bool, sharding: Sharding,
-               subword: dict[str, Any] | None = None):
+               subword: dict[str, Any] | None = None, cache: TokenCache | None = None):
     self.cache_dir, self.spec, self.seed, self.shuffle = cache_dir, spec, seed, shuffle
     self.sharding, self.subword = sharding, subword
-    self._cache = self._planner = self._plan = self._text = self._vocab = None
+    self._cache = cache  # already open in this process (a worker opens its own)
+    self._planner = self._plan = self._text = self._vocab = None
     self._plan_epoch = -1
 
   def __getstate__(self):
@@ -304,8 +305,7 @@ class Loader:
                       f"multiple of {spec.row_multiple}")
     self.cache, self.spec, self.seed, self.shuffle, self.repeat = cache, spec, seed, shuffle, repeat
     self.sharding, self.workers, self.threads = sharding, workers, threads
-    self.make = MakeBatch(str(cache.directory), spec, seed, shuffle, sharding, subword)
-    self.make._cache = cache
+    self.make = MakeBatch(str(cache.directory), spec, seed, shuffle, sharding, subword, cache)
     self.planner = self.make.planner
     self.num_batches = self.planner.num_batches
     self.name = name or cache.meta["corpus"]

@@ -191,9 +191,17 @@ class _InProcess:
   def __exit__(self, *exc) -> None:
     pass
 
-  def apply_async(self, fn, args):
-    result = fn(*args)
-    return type("Done", (), {"get": lambda self: result})()
+  def apply_async(self, fn, args) -> _Ready:
+    return _Ready(fn(*args))
+
+
+@dataclasses.dataclass
+class _Ready:
+  """A result computed already, with the `get()` of Pool's AsyncResult."""
+  value: dict
+
+  def get(self) -> dict:
+    return self.value
 
 
 def _encoder(workers: int, vocab_path: str | os.PathLike):
