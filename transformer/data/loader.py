@@ -2,10 +2,10 @@
 
 An epoch is planned as array work, once, from the cache's [pairs, 2] lengths: a permutation of the
 pairs (a pure function of seed and epoch), then either length buckets (a stable sort by bucket; each
-bucket cut into batches of its row count; the batches shuffled) or packed rows (the rows' slots are
-fixed by the corpus's length histogram, `batching.pack_templates`; each epoch deals its shuffled
-pairs into them and shuffles the rows). The number of batches an epoch is the same every epoch, and
-only a bucket's last batch is partly empty, once an epoch.
+bucket cut into batches of its row count, its leftovers carried into the next longer bucket; the
+batches shuffled) or packed rows (the rows' slots are fixed by the corpus's length histogram,
+`batching.pack_templates`; each epoch deals its shuffled pairs into them and shuffles the rows).
+The number of batches an epoch is the same every epoch, and one batch an epoch is part-empty.
 
 Batch g of the run is batch g % B of epoch g // B: a pure function of g. So the loader is a Grain
 `MapDataset` over g, mapped through `MakeBatch` (a few gathers from the memory-mapped ids), read
