@@ -1,6 +1,7 @@
 """The loader: coverage, budgets, packing layout, multi-process rows, exact resume, BPE-dropout."""
 
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -277,3 +278,31 @@ def test_subword_dropout_is_a_function_of_seed_and_position(bpe):
     for (a, _), (b, _) in zip(full[cut:], resumed, strict=True):
       for k in a:
         np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_batches_made_by_many_threads_at_once_are_the_ones_made_in_turn(tmp_path, monkeypatch):
+  """Grain's read-ahead threads share one batch function; at epoch edges each must still get its
+  own epoch's plan (a plan swapped under a reader would give another epoch's batch)."""
+  import concurrent.futures
+  cache = cache_of(tmp_path, 150)
+  loader = make(cache, "pack")
+  numbers = list(range(3 * loader.num_batches)) * 2  # three epochs, twice
+  in_turn = [make(cache, "pack").make(g) for g in numbers]
+  shared = make(cache, "pack").make
+  planning, most = [0], [0]
+  plan = shared.planner.plan
+  def slow_plan(epoch):  # a slow plan, to let other threads in while it is made
+    planning[0] += 1
+    most[0] = max(most[0], planning[0])
+    time.sleep(0.02)
+    try:
+      return plan(epoch)
+    finally:
+      planning[0] -= 1
+  monkeypatch.setattr(shared.planner, "plan", slow_plan)
+  with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    at_once = list(pool.map(shared, numbers))
+  assert most[0] == 1  # one thread plans; the others wait for its plan
+  for a, b in zip(in_turn, at_once, strict=True):
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])

@@ -178,3 +178,13 @@ def test_a_cache_another_process_finished_first_is_kept(tmp_path):
   second = cache_lib.from_pairs(tmp_path / "c", [[5, 6]] * 4, [[7]] * 4)  # same fingerprint
   assert (second.directory / "src.bin").stat().st_ino == inode  # the first one stays in place
   assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]  # and nothing else is left
+
+
+def test_memory_mib_reads_this_process_and_zeros_elsewhere():
+  from transformer.machine import memory_mib
+  before = memory_mib()
+  block = np.ones(64 * 2**20, np.uint8)  # 64 MiB, touched
+  after = memory_mib()
+  assert after["anon"] - before["anon"] >= 60 and after["peak"] >= after["anon"]
+  del block
+  assert memory_mib(2**30) == {"anon": 0, "file": 0, "peak": 0}  # no such process

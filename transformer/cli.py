@@ -18,6 +18,7 @@ from collections.abc import Callable
 from absl import app, flags
 
 from transformer.errors import EXIT_USER_ERROR, UserError
+from transformer.files import user_cache_dir
 
 
 def flags_parser(program: str) -> Callable[[list[str]], list[str]]:
@@ -208,8 +209,7 @@ def run_program(program: str, main: Callable[[list[str]], None],
 def default_cache_dir() -> str:
   if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     return os.environ["JAX_COMPILATION_CACHE_DIR"]
-  cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(cache_home, "transformer", "jax")
+  return str(user_cache_dir("jax"))
 
 
 def use_compilation_cache(directory: str) -> None:

@@ -13,3 +13,8 @@ def write_atomically(path: str | os.PathLike, data: str | bytes) -> None:
   tmp = path.with_name(path.name + ".tmp")
   tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
   os.replace(tmp, path)
+
+
+def user_cache_dir(kind: str) -> Path:
+  """$XDG_CACHE_HOME/transformer/<kind> (~/.cache/transformer/<kind>): caches shared by runs."""
+  return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "transformer" / kind

@@ -68,3 +68,19 @@ def usable_cpus() -> int:
   count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
   slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
   return min(count, int(slurm)) if slurm.isdigit() and int(slurm) > 0 else count
+
+
+def memory_mib(pid: int | str = "self") -> dict[str, int]:
+  """A process's memory in MiB from Linux's /proc/<pid>/status: resident private memory ('anon'),
+  resident pages of mapped files ('file': page cache, shared and reclaimable) and the peak resident
+  size ('peak', VmHWM). Zeros where it cannot be read (another OS, a process that has ended)."""
+  fields = {"RssAnon:": "anon", "RssFile:": "file", "VmHWM:": "peak"}
+  out = dict.fromkeys(fields.values(), 0)
+  try:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+      name = line.split(":", 1)[0] + ":"
+      if name in fields:
+        out[fields[name]] = int(line.split()[1]) // 1024
+  except OSError:
+    pass
+  return out

@@ -25,26 +25,11 @@ import numpy as np
 
 from transformer.data.loader import Loader, PipelineState
 from transformer.data.token_cache import TokenCache
-from transformer.machine import usable_cpus
+from transformer.machine import memory_mib, usable_cpus
 from transformer.tokens import PAD_ID
 
 WARMUP_BATCHES = 3
 WAIT_THRESHOLD_SEC = 0.001  # a step "waits on data" when its batch was not ready within this
-
-
-def memory_mib(pid: int | str = "self") -> dict[str, int]:
-  """Resident memory of a process in MiB: private (RssAnon) and mapped files (RssFile: the page
-  cache of the token files, shared and reclaimable)."""
-  out = {"anon": 0, "file": 0}
-  try:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-      if line.startswith("RssAnon:"):
-        out["anon"] = int(line.split()[1]) // 1024
-      elif line.startswith("RssFile:"):
-        out["file"] = int(line.split()[1]) // 1024
-  except OSError:
-    pass
-  return out
 
 
 def children_pids() -> list[int]:
@@ -66,16 +51,12 @@ def children_pids() -> list[int]:
   return out
 
 
-def _loader(cache: TokenCache, spec, seed: int, workers: int, subword) -> Loader:
-  return Loader(cache, spec, seed=seed, workers=workers, subword=subword)
-
-
 def throughput(cache: TokenCache, spec, seed: int, workers: int, batches: int,
                subword: dict[str, Any] | None = None) -> dict[str, Any]:
   """Tokens/s over `batches` batches after a few untimed ones, and the memory of this process
   (before the loader was made, and after) and of its workers."""
   before = memory_mib()
-  loader = _loader(cache, spec, seed, workers, subword)
+  loader = Loader(cache, spec, seed=seed, workers=workers, subword=subword)
   stream = loader.batches()
   try:
     for _ in range(WARMUP_BATCHES):
@@ -92,7 +73,7 @@ def throughput(cache: TokenCache, spec, seed: int, workers: int, batches: int,
       per_batch.append(tgt)
     seconds = time.perf_counter() - t
     workers_memory = [memory_mib(pid) for pid in children_pids()]
-    memory = memory_mib()
+    memory = {k: v for k, v in memory_mib().items() if k != "peak"}
   finally:
     stream.close()
   return {"workers": workers, "batches": batches, "seconds": seconds,
@@ -109,7 +90,7 @@ def throughput(cache: TokenCache, spec, seed: int, workers: int, batches: int,
 def direct(cache: TokenCache, spec, seed: int, batches: int) -> dict[str, Any]:
   """The batches made by calling the batch function in this thread, without Grain: what the
   gathers alone cost, against which Grain's read-ahead is measured."""
-  loader = _loader(cache, spec, seed, 0, None)
+  loader = Loader(cache, spec, seed=seed)
   loader.make(0)  # plans the epoch
   real = 0
   t = time.perf_counter()
@@ -125,7 +106,7 @@ def start_times(cache: TokenCache, spec, seed: int, workers: int) -> dict[str, f
   out = {}
   for name, start in (("first_batch_sec", None), ("resume_sec", "mid")):
     t = time.perf_counter()
-    loader = _loader(cache, spec, seed, workers, None)
+    loader = Loader(cache, spec, seed=seed, workers=workers)
     state = PipelineState() if start is None else PipelineState(3, loader.num_batches // 2)
     stream = loader.batches(state)
     next(stream)
@@ -138,7 +119,7 @@ def stub_training(cache: TokenCache, spec, seed: int, workers: int, step_ms: flo
                   subword: dict[str, Any] | None = None) -> dict[str, Any]:
   """A loop that takes a batch, then "steps" by sleeping `step_ms` (the GIL released, as a host
   waiting for its accelerator): the share of its time and of its steps spent waiting for data."""
-  loader = _loader(cache, spec, seed, workers, subword)
+  loader = Loader(cache, spec, seed=seed, workers=workers, subword=subword)
   stream = loader.batches()
   try:
     for _ in range(WARMUP_BATCHES):
@@ -167,7 +148,7 @@ def run(cache: TokenCache, spec, seed: int, batches: int, workers: list[int],
       "cache": str(cache.directory), "pairs": len(cache), "corpus": cache.meta["corpus"],
       "dropped": cache.meta["dropped"], "mode": spec.mode,
       "tokens_per_batch": spec.tokens_per_batch, "cpus": usable_cpus()}
-  loader = _loader(cache, spec, seed, 0, None)
+  loader = Loader(cache, spec, seed=seed)
   result["batches_per_epoch"] = loader.num_batches
   src, tgt = loader.planner.real_share(cache.lengths)
   result["epoch_real_share"] = {"source": src, "target": tgt}

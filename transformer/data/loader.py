@@ -200,8 +200,9 @@ class MakeBatch:
     self.cache_dir, self.spec, self.seed, self.shuffle = cache_dir, spec, seed, shuffle
     self.sharding, self.subword = sharding, subword
     self._cache = cache  # already open in this process (a worker opens its own)
-    self._planner = self._plan = self._text = self._vocab = None
-    self._plan_epoch = -1
+    self._planner = self._text = None
+    self._current: tuple[int, EpochPlan] | None = None  # (epoch, its plan)
+    self._lock = threading.RLock()  # Grain's read-ahead threads share this object
 
   def __getstate__(self):
     return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
@@ -211,21 +212,25 @@ class MakeBatch:
 
   @property
   def cache(self) -> TokenCache:
-    if self._cache is None:
-      self._cache = TokenCache(self.cache_dir)
-    return self._cache
+    with self._lock:
+      if self._cache is None:
+        self._cache = TokenCache(self.cache_dir)
+      return self._cache
 
   @property
   def planner(self) -> Planner:
-    if self._planner is None:
-      headroom = DROPOUT_HEADROOM if self.subword else 1.0
-      self._planner = Planner(self.cache.lengths, self.spec, self.seed, self.shuffle, headroom)
-    return self._planner
+    with self._lock:
+      if self._planner is None:
+        headroom = DROPOUT_HEADROOM if self.subword else 1.0
+        self._planner = Planner(self.cache.lengths, self.spec, self.seed, self.shuffle, headroom)
+      return self._planner
 
   def epoch_plan(self, epoch: int) -> EpochPlan:
-    if epoch != self._plan_epoch:
-      self._plan, self._plan_epoch = self.planner.plan(epoch), epoch
-    return self._plan
+    """The plan of `epoch`, made once however many threads ask for it (the last epoch's kept)."""
+    with self._lock:
+      if self._current is None or self._current[0] != epoch:
+        self._current = (epoch, self.planner.plan(epoch))
+      return self._current[1]
 
   def __call__(self, g: int) -> dict[str, np.ndarray]:
     epoch, b = divmod(int(g), self.planner.num_batches)
@@ -262,12 +267,13 @@ class MakeBatch:
 
     from transformer.data import sources
     from transformer.data.vocab import load_vocab
-    if self._text is None:
-      self._text = sources.open_split(ml_collections.ConfigDict(self.subword["data"]),
-                                      self.subword["split"])
-      self._vocab = load_vocab(self.subword["vocab"])
+    with self._lock:
+      if self._text is None:  # (text, vocabulary), opened together
+        self._text = (sources.open_split(ml_collections.ConfigDict(self.subword["data"]),
+                                         self.subword["split"]), load_vocab(self.subword["vocab"]))
+    text, vocab = self._text
     cache, planner = self.cache, self.planner
-    texts = self._text.read(cache.index[members])
+    texts = text.read(cache.index[members])
     room = (planner.costs[members].astype(np.int64) if self.spec.mode == "pack"
             else np.full(len(members), length, np.int64))
     sides = []
@@ -275,7 +281,7 @@ class MakeBatch:
       with _SAMPLER:  # SentencePiece's seed is global: one sampling call at a time per process
         spm.set_random_generator_seed(int(np.random.default_rng(
             [self.seed, self.sharding.index, int(g), side]).integers(2**31)))
-        sampled = self._vocab.encode(texts[side], enable_sampling=True,
+        sampled = vocab.encode(texts[side], enable_sampling=True,
                                      alpha=self.subword["alpha"], nbest_size=-1, num_threads=1)
       chosen = []
       for i, ids in enumerate(sampled):

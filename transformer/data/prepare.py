@@ -34,9 +34,8 @@ from transformer.cli import run_program
 from transformer.config import validate
 from transformer.data import pipeline, sources
 from transformer.data import vocab as vocab_lib
-from transformer.data.token_cache import peak_rss_mib
 from transformer.files import write_atomically
-from transformer.machine import usable_cpus
+from transformer.machine import memory_mib, usable_cpus
 
 log = logging.getLogger("transformer")
 
@@ -133,7 +132,7 @@ def prepare_config(cfg: ml_collections.ConfigDict) -> dict:
                      "worker_peak_rss_mib": cache.meta.get("worker_peak_rss_mib", 0)}
     print(f"{split} token cache: {cache.directory}")
   # (RUSAGE_CHILDREN would not do: a child's peak counts its parent's memory at the fork)
-  report["peak_rss_gib"] = {"this_process": round(peak_rss_mib() / 1024, 2),
+  report["peak_rss_gib"] = {"this_process": round(memory_mib()["peak"] / 1024, 2),
                             "largest_worker": round(max(report[split]["worker_peak_rss_mib"] for split
                                                         in (cfg.data.train_split,
                                                             cfg.data.eval_split)) / 1024, 2)}

@@ -77,6 +77,17 @@ class TfdsPairs:
     return ([text(r[self.src_lang]) for r in records], [text(r[self.tgt_lang]) for r in records])
 
 
+def split_tfds_name(data: ml_collections.ConfigDict, split: str) -> str:
+  """The TFDS dataset a split is read from (evaluation may use another: data.eval_tfds_name)."""
+  return data.tfds_name if split == data.train_split else (data.eval_tfds_name or data.tfds_name)
+
+
+def data_dir_key(data_dir: str) -> str:
+  """The TFDS data directory as caches name it: absolute where local, gs:// as it is."""
+  where = tfds_data_dir(data_dir)
+  return where if "://" in where else os.path.abspath(where)
+
+
 def tfds_data_dir(data_dir: str) -> str:
   """The TFDS data directory (local or gs://): the config's, else $TFDS_DATA_DIR, else
   ~/tensorflow_datasets."""
@@ -212,8 +223,8 @@ def open_split(data: ml_collections.ConfigDict, split: str) -> TfdsPairs | TextF
   """Random access to the pairs of `split` for the config's source; nothing is read up front (text
   files are mapped, their line ends indexed)."""
   if data.source == "tfds":
-    name = data.tfds_name if split == data.train_split else (data.eval_tfds_name or data.tfds_name)
-    return TfdsPairs(name, split, data.tfds_data_dir, data.src_lang, data.tgt_lang)
+    return TfdsPairs(split_tfds_name(data, split), split, data.tfds_data_dir, data.src_lang,
+                     data.tgt_lang)
   return TextFilePairs(*split_files(data, split))
 
 

@@ -39,7 +39,8 @@ from pathlib import Path
 import numpy as np
 
 from transformer.data.sources import DataError
-from transformer.machine import usable_cpus
+from transformer.files import user_cache_dir
+from transformer.machine import memory_mib, usable_cpus
 from transformer.tokens import EOS_ID
 
 log = logging.getLogger("transformer")
@@ -302,18 +303,7 @@ class CacheWriter:
       return TokenCache(self.directory)
     raise DataError(f"could not put the token cache in place at {self.directory}: other "
                     "processes keep replacing it; build it once with "
-                    f"`{prepare_command()}` before starting several runs")
-
-
-def peak_rss_mib(pid: int | str = "self") -> int:
-  """A process's peak resident memory (Linux's VmHWM) in MiB; 0 where it cannot be read."""
-  try:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-      if line.startswith("VmHWM:"):
-        return int(line.split()[1]) // 1024
-  except OSError:
-    pass
-  return 0
+                    f"`{rebuild_command()}` before starting several runs")
 
 
 def build(directory: str | os.PathLike, source, vocab_path: str | os.PathLike, filters: Filters,
@@ -347,16 +337,16 @@ def build(directory: str | os.PathLike, source, vocab_path: str | os.PathLike, f
     while pending:
       start, result = pending.popleft()
       write(start, result.get())
-    worker_peak = max((peak_rss_mib(p.pid) for p in getattr(pool, "_pool", [])), default=0)
+    worker_peak = max((memory_mib(p.pid)["peak"] for p in getattr(pool, "_pool", [])),
+                      default=0)
     cache = writer.finish(fingerprint=fingerprint(corpus, vocab_bytes, filters), corpus=name,
                           read=len(source), vocab_size=vocab_size,
                           filters=dataclasses.asdict(filters),
                           seconds=round(time.time() - t0, 1), workers=workers,
                           worker_peak_rss_mib=worker_peak)
-  log.info("Token cache %s: %s (%s; %s source + %s target tokens, %.0fs with %d workers)",
-           directory, name, filters.describe(len(cache), cache.meta["dropped"]),
-           f"{cache.meta['tokens'][0]:,}", f"{cache.meta['tokens'][1]:,}", cache.meta["seconds"],
-           workers)
+  log.info("Token cache %s: %s (%s pairs kept; %s source + %s target tokens, %.0fs with %d "
+           "workers)", directory, name, f"{len(cache):,}", f"{cache.meta['tokens'][0]:,}",
+           f"{cache.meta['tokens'][1]:,}", cache.meta["seconds"], workers)
   return cache
 
 
@@ -404,19 +394,15 @@ def write_synthetic(directory: str | os.PathLike, pairs: int, vocab_size: int = 
 
 def corpus_identity(data, split: str) -> tuple[str, str]:
   """(a short name for the cache directory, the full identity for the fingerprint) of a split."""
+  from transformer.data import sources
   pair = f"{split}.{data.src_lang}-{data.tgt_lang}"
   if data.source == "tfds":
-    from transformer.data.sources import tfds_data_dir
-    name = data.tfds_name if split == data.train_split else (data.eval_tfds_name or data.tfds_name)
-    data_dir = tfds_data_dir(data.tfds_data_dir)
-    data_dir = data_dir if "://" in data_dir else os.path.abspath(data_dir)
+    name, data_dir = sources.split_tfds_name(data, split), sources.data_dir_key(data.tfds_data_dir)
     where = hashlib.sha256(data_dir.encode()).hexdigest()[:8]
     return f"{name}-{where}.{pair}".replace("/", "_"), f"tfds {name} {data_dir} {pair}"
   if data.source == "multi30k":
     return f"multi30k.{pair}", f"multi30k {pair}"
-  files = [data.train_src, data.train_tgt] if split == data.train_split else [data.eval_src,
-                                                                             data.eval_tgt]
-  files = [str(Path(f).absolute()) for f in files]
+  files = [str(f.absolute()) for f in sources.split_files(data, split)]
   stats = [(f, Path(f).stat().st_size, Path(f).stat().st_mtime_ns) if Path(f).is_file() else (f,)
            for f in files]
   return (f"files-{hashlib.sha256(repr(files).encode()).hexdigest()[:12]}.{pair}",
@@ -424,8 +410,7 @@ def corpus_identity(data, split: str) -> tuple[str, str]:
 
 
 def cache_root(data) -> Path:
-  default = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "transformer" / "tokens"
-  return Path(data.token_cache_dir or default).expanduser()
+  return Path(data.token_cache_dir).expanduser() if data.token_cache_dir else user_cache_dir("tokens")
 
 
 def cache_dir(data, split: str, vocab_bytes: bytes, filters: Filters) -> Path:
@@ -437,7 +422,7 @@ def cache_dir(data, split: str, vocab_bytes: bytes, filters: Filters) -> Path:
                              f".len{filters.max_len}.ratio{ratio}")
 
 
-def prepare_command(config: str = "CONFIG") -> str:
+def rebuild_command(config: str = "CONFIG") -> str:
   return f"python -m transformer.data.prepare --config={config}"
 
 
@@ -452,7 +437,7 @@ def open_or_build(data, split: str, vocab_path: str | os.PathLike, filters: Filt
   corpus = corpus_identity(data, split)[1]
   expect = fingerprint(corpus, vocab_bytes, filters)
   try:
-    return TokenCache(directory, expect=expect, rebuild=prepare_command())
+    return TokenCache(directory, expect=expect, rebuild=rebuild_command())
   except DataError as e:
     if not build_missing:
       raise

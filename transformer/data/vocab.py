@@ -30,8 +30,8 @@ import ml_collections
 import numpy as np
 import sentencepiece as spm
 
-from transformer.data.sources import DataError, tfds_data_dir
-from transformer.files import write_atomically
+from transformer.data.sources import DataError, data_dir_key
+from transformer.files import user_cache_dir, write_atomically
 from transformer.machine import usable_cpus
 from transformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -135,8 +135,7 @@ def dataset_key(data: ml_collections.ConfigDict) -> str:
   """Names the training data: TFDS name and a fingerprint of its data directory, 'multi30k', or a
   fingerprint of the text files; then the training split and the languages."""
   if data.source == "tfds":
-    data_dir = tfds_data_dir(data.tfds_data_dir)
-    data_dir = data_dir if "://" in data_dir else os.path.abspath(data_dir)  # gs:// stays as it is
+    data_dir = data_dir_key(data.tfds_data_dir)
     name = f"{data.tfds_name}-{hashlib.sha256(data_dir.encode()).hexdigest()[:8]}"
   elif data.source == "multi30k":
     name = "multi30k"
@@ -148,8 +147,7 @@ def dataset_key(data: ml_collections.ConfigDict) -> str:
 
 
 def cache_dir(data: ml_collections.ConfigDict) -> Path:
-  default = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "transformer" / "vocab"
-  return Path(data.vocab_cache_dir or default).expanduser()
+  return Path(data.vocab_cache_dir).expanduser() if data.vocab_cache_dir else user_cache_dir("vocab")
 
 
 def cached_vocab_path(data: ml_collections.ConfigDict, seed: int, corpus_pairs: int) -> Path:
