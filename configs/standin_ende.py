@@ -2,7 +2,7 @@
 measuring preparation, loading and training at WMT's size where WMT cannot be downloaded.
 
     python -m transformer.data.standin --out=data/standin_ende        # 4.5M pairs, ~4 min on 2 cores
-    python -m transformer.data.prepare --config=configs/standin_ende.py
+    python -m transformer.training.prepare --config=configs/standin_ende.py
     transformer-train --config=configs/standin_ende.py:base --workdir=runs/standin
 
 The argument is the model size, optionally with the corpus directory: `:base` or

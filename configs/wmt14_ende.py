@@ -1,6 +1,6 @@
 """WMT14 English->German with the paper's hyper-parameters exactly (Vaswani et al., 2017, Table 3).
 
-    python -m transformer.data.prepare --config=configs/wmt14_ende.py   # once: data + vocabulary
+    python -m transformer.training.prepare --config=configs/wmt14_ende.py   # once: data + vocabulary
     transformer-train --config=configs/wmt14_ende.py:base --workdir=runs/base
     transformer-train --config=configs/wmt14_ende.py:big  --workdir=runs/big
 

@@ -1,6 +1,6 @@
 """WMT14 English->French with the paper's hyper-parameters (Vaswani et al., 2017, section 5.1, 6.1).
 
-    python -m transformer.data.prepare --config=configs/wmt14_enfr.py   # once: data + vocabulary
+    python -m transformer.training.prepare --config=configs/wmt14_enfr.py   # once: data + vocabulary
     transformer-train --config=configs/wmt14_enfr.py:big --workdir=runs/enfr_big
 
 Data: TFDS wmt14_translate/fr-en read English->French: ~40.8M training pairs (Europarl, Common Crawl,

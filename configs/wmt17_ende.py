@@ -1,6 +1,6 @@
 """WMT17 English->German training data (the Flax WMT example's), evaluated on WMT14's test sets.
 
-    python -m transformer.data.prepare --config=configs/wmt17_ende.py   # once: data + vocabulary
+    python -m transformer.training.prepare --config=configs/wmt17_ende.py   # once: data + vocabulary
     transformer-train --config=configs/wmt17_ende.py:base --workdir=runs/wmt17_base
 
 Training: TFDS wmt17_translate/de-en (~5.9M pairs: adds Rapid 2016 to WMT14's corpora). Validation

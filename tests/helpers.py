@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from transformer.config import base_config
-from transformer.model import EOS_ID, ModelConfig, Transformer, initial_params
+from transformer.model.transformer import EOS_ID, ModelConfig, Transformer, initial_params
 
 REPO = Path(__file__).parent.parent
 

@@ -19,7 +19,7 @@ import pytest
 from helpers import cli_overrides, run_cli, snapshot, tiny_run_config
 
 from transformer.data import vocab as vocab_lib
-from transformer.train import train_and_evaluate
+from transformer.training.train import train_and_evaluate
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +30,12 @@ def trained(tmp_path_factory):
   cfg.data.batching, cfg.data.pack_length = "pack", 40
   train_and_evaluate(cfg, str(tmp / "run"))
   return cfg, tmp / "run"
+
+
+PROGRAMS = {"training.train": "transformer-train", "evaluation.evaluate": "transformer-eval",
+            "evaluation.translate": "transformer-translate", "visualisation.plot": "transformer-plot",
+            "visualisation.attention_maps": "transformer-attention-maps",
+            "evaluation.average": "transformer-average"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,155 +88,155 @@ def same_size_other_vocabulary(tmp, run):
 
 CASES = {
     # ------------------------------------------------------------------ config and flags (train)
-    "unknown config key": Case("train", ("--config.model.foo=1",),
+    "unknown config key": Case("training.train", ("--config.model.foo=1",),
                                "unknown config key 'foo' (--config.model.foo)", True),
-    "unknown flag": Case("train", ("--epochs=3",), "Unknown command line flag 'epochs'", True),
-    "wrong type": Case("train", ("--config.model.d_model=abc",),
+    "unknown flag": Case("training.train", ("--epochs=3",), "Unknown command line flag 'epochs'", True),
+    "wrong type": Case("training.train", ("--config.model.d_model=abc",),
                        "flag --config.model.d_model=abc: invalid literal for int()", True),
-    "wrong type (bool)": Case("train", ("--config.model.scan_layers=maybe",),
+    "wrong type (bool)": Case("training.train", ("--config.model.scan_layers=maybe",),
                               "Non-boolean argument to boolean flag", True),
     "d_model not divisible by heads": Case(
-        "train", ("--config.model.num_heads=5",),
+        "training.train", ("--config.model.num_heads=5",),
         "config.model.d_model (32) must be divisible by config.model.num_heads (5)", True),
-    "zero size": Case("train", ("--config.model.num_layers=0",),
+    "zero size": Case("training.train", ("--config.model.num_layers=0",),
                       "config.model.num_layers must be a positive integer, got 0", True),
-    "negative size": Case("train", ("--config.data.tokens_per_batch=-512",),
+    "negative size": Case("training.train", ("--config.data.tokens_per_batch=-512",),
                           "config.data.tokens_per_batch must be a positive integer, got -512",
                           True),
     "unknown positional": Case(
-        "train", ("--config.model.positional=rotary",),
+        "training.train", ("--config.model.positional=rotary",),
         "config.model.positional must be one of 'sinusoidal', 'learned'; got 'rotary'", True),
-    "unknown norm": Case("train", ("--config.model.norm=sandwich",),
+    "unknown norm": Case("training.train", ("--config.model.norm=sandwich",),
                          "config.model.norm must be one of 'post', 'pre'; got 'sandwich'", True),
-    "missing config file": Case("train", ("--config=configs/missing.py", "--workdir={new}"),
+    "missing config file": Case("training.train", ("--config=configs/missing.py", "--workdir={new}"),
                                 "cannot load --config=configs/missing.py: [Errno 2] No such file"),
     "config file with a syntax error": Case(
-        "train", ("--config={tmp}/broken.py", "--workdir={new}"),
+        "training.train", ("--config={tmp}/broken.py", "--workdir={new}"),
         "cannot load --config={tmp}/broken.py: invalid syntax at line 1",
         prepare=lambda tmp, run: (tmp / "broken.py").write_text("def get_config(:\n")),
     "config file without get_config": Case(
-        "train", ("--config={tmp}/empty.py", "--workdir={new}"),
+        "training.train", ("--config={tmp}/empty.py", "--workdir={new}"),
         "cannot load --config={tmp}/empty.py: it defines no get_config() function",
         prepare=lambda tmp, run: (tmp / "empty.py").write_text("SIZE = 1\n")),
-    "config path is a directory": Case("train", ("--config={tmp}", "--workdir={new}"),
+    "config path is a directory": Case("training.train", ("--config={tmp}", "--workdir={new}"),
                                        "cannot load --config={tmp}: [Errno 21] Is a directory"),
     # ------------------------------------------------------------------------------ data (train)
-    "missing data file": Case("train", ("--config.data.train_src={tmp}/nope.en",),
+    "missing data file": Case("training.train", ("--config.data.train_src={tmp}/nope.en",),
                               "data file not found: {tmp}/nope.en", True),
     "unequal line counts": Case(
-        "train", ("--config.data.train_tgt={tmp}/short.de",),
+        "training.train", ("--config.data.train_tgt={tmp}/short.de",),
         "has 300 lines but {tmp}/short.de has 299; parallel files must have one sentence per line",
         True, prepare=lambda tmp, run: write_lines(
             tmp / "short.de", (tmp.parent / "train.de").read_text().splitlines()[:299])),
     "invalid UTF-8": Case(
-        "train", ("--config.data.train_src={tmp}/latin1.en",),
+        "training.train", ("--config.data.train_src={tmp}/latin1.en",),
         "{tmp}/latin1.en:7: invalid UTF-8", True, prepare=lambda tmp, run: write_lines(
             tmp / "latin1.en", (tmp.parent / "train.en").read_text().splitlines(),
             raw_line=(7, "Caf\xe9 au lait".encode("latin-1")))),
-    "all lines filtered out": Case("train", ("--config.data.max_len=1",), "is left after filtering",
+    "all lines filtered out": Case("training.train", ("--config.data.max_len=1",), "is left after filtering",
                                    True),
     "TFDS dataset not prepared": Case(
-        "train", ("--config.data.source=tfds", "--config.data.tfds_name=wmt14_translate/de-en",
+        "training.train", ("--config.data.source=tfds", "--config.data.tfds_name=wmt14_translate/de-en",
                   "--config.data.tfds_data_dir={tmp}/tfds"),
         "wmt14_translate/de-en is not prepared in {tmp}/tfds", True),
     # ---------------------------------------------------------------------- an existing run (train)
     "workdir holds another config": Case(
-        "train", ("--workdir={run}", "--config.model.d_model=64"),
+        "training.train", ("--workdir={run}", "--config.model.d_model=64"),
         "holds a run with a different config (model.d_model: 32 -> 64); use a new --workdir, the "
         "original values, or --allow_config_change", True),
     "allowed config change that cannot load the checkpoint": Case(
-        "train", ("--workdir={run}", "--config.model.d_ff=128", "--allow_config_change"),
+        "training.train", ("--workdir={run}", "--config.model.d_ff=128", "--allow_config_change"),
         "checkpoint 6 in {run}/checkpoints does not match this model", True),
     "vocabulary does not match the run": Case(
-        "train", ("--workdir={run}", "--config.data.vocab_size=200", "--allow_config_change"),
+        "training.train", ("--workdir={run}", "--config.data.vocab_size=200", "--allow_config_change"),
         "{run}/vocab.model has 300 pieces, but config.data.vocab_size is 200", True),
-    "workdir is a file": Case("train", ("--workdir={tmp}/file",),
+    "workdir is a file": Case("training.train", ("--workdir={tmp}/file",),
                               "--workdir={tmp}/file is a file, not a directory", True,
                               prepare=lambda tmp, run: (tmp / "file").write_text("notes\n")),
     "every checkpoint broken (train)": Case(
-        "train", ("--workdir={tmp}/copy",),
+        "training.train", ("--workdir={tmp}/copy",),
         "no checkpoint in {tmp}/copy/checkpoints can be restored: step 6 (", True,
         prepare=damage_all_checkpoints),
     # ---------------------------------------------------------------------------------- evaluation
-    "not a workdir": Case("evaluate", ("--workdir={new}",), "is not a training workdir"),
-    "no workdir": Case("evaluate", (), "pass --workdir=DIR, the directory transformer-train wrote"),
-    "no checkpoint": Case("evaluate", ("--workdir={tmp}/copy",),
+    "not a workdir": Case("evaluation.evaluate", ("--workdir={new}",), "is not a training workdir"),
+    "no workdir": Case("evaluation.evaluate", (), "pass --workdir=DIR, the directory transformer-train wrote"),
+    "no checkpoint": Case("evaluation.evaluate", ("--workdir={tmp}/copy",),
                           "no checkpoint in {tmp}/copy/checkpoints; train first",
                           prepare=lambda tmp, run: copy_run(tmp, run, drop=["checkpoints"])),
-    "step that does not exist": Case("evaluate", ("--workdir={run}", "--step=5"),
+    "step that does not exist": Case("evaluation.evaluate", ("--workdir={run}", "--step=5"),
                                      "no checkpoint for step 5 in {run}/checkpoints; available "
                                      "steps: 3, 6"),
-    "vocabulary missing": Case("evaluate", ("--workdir={tmp}/copy",),
+    "vocabulary missing": Case("evaluation.evaluate", ("--workdir={tmp}/copy",),
                                "vocabulary file not found: {tmp}/copy/vocab.model",
                                prepare=lambda tmp, run: copy_run(tmp, run, drop=["vocab.model"])),
-    "vocabulary of another run": Case("evaluate", ("--workdir={tmp}/copy",),
+    "vocabulary of another run": Case("evaluation.evaluate", ("--workdir={tmp}/copy",),
                                       "{tmp}/copy/vocab.model has 200 pieces, but "
                                       "config.data.vocab_size is 300", prepare=other_vocabulary),
     "reference with another line count": Case(
-        "evaluate", ("--workdir={run}", "--source_file={tmp}/val.en",
+        "evaluation.evaluate", ("--workdir={run}", "--source_file={tmp}/val.en",
                      "--reference_file={tmp}/val.de"),
         "{tmp}/val.en has 40 lines but {tmp}/val.de has 39",
         prepare=lambda tmp, run: [write_lines(tmp / f"val.{lang}", (
             tmp.parent / f"val.{lang}").read_text().splitlines()[:n]) for lang, n in
                                   (("en", 40), ("de", 39))]),
-    "source without reference": Case("evaluate", ("--workdir={run}", "--source_file={tmp}/x.en"),
+    "source without reference": Case("evaluation.evaluate", ("--workdir={run}", "--source_file={tmp}/x.en"),
                                      "pass both --source_file and --reference_file, or neither"),
-    "bad beam size": Case("evaluate", ("--workdir={run}", "--beam_size=0"),
+    "bad beam size": Case("evaluation.evaluate", ("--workdir={run}", "--beam_size=0"),
                           "--beam_size must be >= 1 (1 = greedy search), got 0"),
-    "n-best list longer than the beam": Case("evaluate", ("--workdir={run}", "--beam_size=2",
+    "n-best list longer than the beam": Case("evaluation.evaluate", ("--workdir={run}", "--beam_size=2",
                                                           "--nbest=3"),
                                              "--nbest must be between 1 and --beam_size (2), got 3"),
-    "negative length penalty": Case("evaluate", ("--workdir={run}", "--alpha=-0.5"),
+    "negative length penalty": Case("evaluation.evaluate", ("--workdir={run}", "--alpha=-0.5"),
                                     "--alpha (the length-penalty exponent) must be >= 0, got -0.5"),
-    "negative minimum length": Case("evaluate", ("--workdir={run}", "--min_len=-1"),
+    "negative minimum length": Case("evaluation.evaluate", ("--workdir={run}", "--min_len=-1"),
                                     "--min_len must be >= 0 (0 = an empty translation is allowed), "
                                     "got -1"),
-    "ensemble with another vocabulary": Case("evaluate", ("--workdir={run}",
+    "ensemble with another vocabulary": Case("evaluation.evaluate", ("--workdir={run}",
                                                           "--ensemble={tmp}/copy"),
                                              "--ensemble: {tmp}/copy has a different vocabulary "
                                              "from {run}", prepare=same_size_other_vocabulary),
     "every checkpoint broken (evaluate)": Case(
-        "evaluate", ("--workdir={tmp}/copy",),
+        "evaluation.evaluate", ("--workdir={tmp}/copy",),
         "no checkpoint in {tmp}/copy/checkpoints can be restored: step 6 (",
         prepare=damage_all_checkpoints),
     "averaging more checkpoints than exist": Case(
-        "average", ("--workdir={run}", "--last=3", "--output={new}"),
+        "evaluation.average", ("--workdir={run}", "--last=3", "--output={new}"),
         "cannot average the last 3 checkpoints: {run}/checkpoints has 2 (steps 3, 6)"),
     # ----------------------------------------------------------------------------------- translate
-    "translate empty input": Case("translate", ("--workdir={run}",),
+    "translate empty input": Case("evaluation.translate", ("--workdir={run}",),
                                   "no input sentences in standard input", stdin=b""),
-    "translate invalid UTF-8": Case("translate", ("--workdir={run}",),
+    "translate invalid UTF-8": Case("evaluation.translate", ("--workdir={run}",),
                                     "standard input is not valid UTF-8 (byte 3)",
                                     stdin=b"Caf\xe9\n"),
     "translate on a negative number of CPU devices": Case(
-        "translate", ("--workdir={run}", "--cpu_devices=-1"), "--cpu_devices must be >= 0"),
-    "translate a missing file": Case("translate", ("--workdir={run}", "--input_file={tmp}/no.en"),
+        "evaluation.translate", ("--workdir={run}", "--cpu_devices=-1"), "--cpu_devices must be >= 0"),
+    "translate a missing file": Case("evaluation.translate", ("--workdir={run}", "--input_file={tmp}/no.en"),
                                      "data file not found: {tmp}/no.en"),
-    "sampling temperature of zero": Case("translate", ("--workdir={run}", "--sample",
+    "sampling temperature of zero": Case("evaluation.translate", ("--workdir={run}", "--sample",
                                                        "--temperature=0"),
                                          "--temperature must be > 0, got 0", stdin=b"A dog.\n"),
     "sampling option without --search=sample": Case(
-        "translate", ("--workdir={run}", "--top_p=0.9"), "--top_p applies only with --search=sample",
+        "evaluation.translate", ("--workdir={run}", "--top_p=0.9"), "--top_p applies only with --search=sample",
         stdin=b"A dog.\n"),
-    "an unknown search": Case("translate", ("--workdir={run}", "--search=nucleus"),
+    "an unknown search": Case("evaluation.translate", ("--workdir={run}", "--search=nucleus"),
                               "value should be one of <beam|greedy|sample>", stdin=b"A dog.\n"),
     "scoring targets of another line count": Case(
-        "translate", ("--workdir={run}", "--score={tmp}/targets.de"),
+        "evaluation.translate", ("--workdir={run}", "--score={tmp}/targets.de"),
         "2 source lines but 1 target lines", stdin=b"A dog.\nA cat.\n",
         prepare=lambda tmp, run: write_lines(tmp / "targets.de", ["Ein Hund."])),
     # ------------------------------------------------------------------------- pictures of a run
-    "plot a directory without metrics": Case("plot", ("{tmp}", "--output={tmp}/c.png"),
+    "plot a directory without metrics": Case("visualisation.plot", ("{tmp}", "--output={tmp}/c.png"),
                                              "no metrics.jsonl in {tmp}: pass the workdirs that "
                                              "transformer-train wrote"),
-    "attention of an empty source": Case("attention_maps", ("--workdir={run}", "--source= "),
+    "attention of an empty source": Case("visualisation.attention_maps", ("--workdir={run}", "--source= "),
                                          "--source is empty; pass a sentence"),
     "attention of an over-long source": Case(
-        "attention_maps", ("--workdir={run}", "--source=" + "a man rides a horse " * 20),
+        "visualisation.attention_maps", ("--workdir={run}", "--source=" + "a man rides a horse " * 20),
         "tokens long (with </s>); this model's runs take at most 40 (config.data.max_len)"),
-    "attention of an empty target": Case("attention_maps", ("--workdir={run}", "--source=A dog.",
+    "attention of an empty target": Case("visualisation.attention_maps", ("--workdir={run}", "--source=A dog.",
                                                        "--target="),
                                          "--target is empty; pass the translation to draw"),
-    "attention of a non-workdir": Case("attention_maps", ("--workdir={tmp}", "--source=A dog."),
+    "attention of a non-workdir": Case("visualisation.attention_maps", ("--workdir={tmp}", "--source=A dog."),
                                        "{tmp}/config.json not found: {tmp} is not a training "
                                        "workdir"),
 }
@@ -279,7 +285,7 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(name, outcomes):
   last = stderr.strip().splitlines()[-1]
   program = {"evaluate": "transformer-eval", "attention_maps": "transformer-attention-maps"}.get(
       CASES[name].program,
-                                                 f"transformer-{CASES[name].program}")
+                                                 PROGRAMS[CASES[name].program])
   assert last.startswith(f"{program}: error: "), stderr[-3000:]
   assert message in last, last
   assert after == before  # nothing written, overwritten or deleted

@@ -6,11 +6,12 @@ import jax.numpy as jnp
 import pytest
 from helpers import tiny_run_config
 
-from transformer import benchmark as benchmark_lib
-from transformer.benchmark import benchmark, benchmark_input, decode_workload, spread
+from transformer.accelerators import benchmark as benchmark_lib
+from transformer.accelerators.benchmark import benchmark, benchmark_input, decode_workload, spread
 from transformer.data.pipeline import training_inputs
-from transformer.info import table_peak, training_flops_per_target_token
-from transformer.model import EOS_ID, ModelConfig
+from transformer.hardware import table_peak
+from transformer.model.size import training_flops_per_target_token
+from transformer.model.transformer import EOS_ID, ModelConfig
 
 
 @pytest.mark.slow

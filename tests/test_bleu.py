@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from sacrebleu.metrics import BLEU
 
-from transformer.bleu import (
+from transformer.data import sources
+from transformer.evaluation.bleu import (
   compound_split,
   lc_tok_bleu,
   multi30k_tokenize,
@@ -18,7 +19,6 @@ from transformer.bleu import (
   sacrebleu_score,
   tokenized_bleu,
 )
-from transformer.data import sources
 
 
 def reference_bleu(hypotheses, references):

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 from helpers import init_params, tiny_model_config
 
-from transformer import checkpoints, partitioning
+from transformer import partitioning
 from transformer.config import ConfigError, base_config
-from transformer.model import Transformer
-from transformer.step import TrainState, abstract_train_state, make_optimizer
+from transformer.model.transformer import Transformer
+from transformer.training import checkpoints
+from transformer.training.step import TrainState, abstract_train_state, make_optimizer
 
 
 def make_state(d_model=16, seed=0):

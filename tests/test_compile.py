@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from transformer import compile as compile_lib
-from transformer import compile_report, hlo, roofline, topologies
+from transformer.accelerators import compile as compile_lib
+from transformer.accelerators import compile_report, hlo, roofline, topologies
 from transformer.config import base_config
 
 libtpu = pytest.importorskip("libtpu", reason="the TPU compiler: pip install -e '.[tpu]'")
@@ -161,7 +161,7 @@ def test_mesh_candidates_respect_divisibility():
 @pytest.mark.slow  # several compiles; pytest -m slow
 def test_command_line_report_and_json(tmp_path):
   out = tmp_path / "report.json"
-  cmd = [sys.executable, "-m", "transformer.compile", "--config=configs/multi30k.py",
+  cmd = [sys.executable, "-m", "transformer.accelerators.compile", "--config=configs/multi30k.py",
          "--topology=v5e-4", "--programs=train", "--programs=beam", "--seq_len=16",
          "--config.model.num_layers=1", f"--output={out}"]
   result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -174,7 +174,7 @@ def test_command_line_report_and_json(tmp_path):
 
 
 def test_command_line_errors(tmp_path):
-  base = [sys.executable, "-m", "transformer.compile", "--config=configs/multi30k.py"]
+  base = [sys.executable, "-m", "transformer.accelerators.compile", "--config=configs/multi30k.py"]
   bad_topology = subprocess.run(base + ["--topology=v9-8"], capture_output=True, text=True)
   assert bad_topology.returncode == 2
   assert "transformer-compile: error: unknown --topology='v9-8'" in bad_topology.stderr

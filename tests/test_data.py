@@ -11,7 +11,7 @@ import sentencepiece
 from transformer.config import ConfigError, base_config, validate
 from transformer.data import batching, sources, token_cache
 from transformer.data import vocab as vocab_lib
-from transformer.model import EOS_ID
+from transformer.model.transformer import EOS_ID
 
 
 def test_bundled_multi30k_is_complete():

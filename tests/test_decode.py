@@ -1,4 +1,4 @@
-"""The searches against plain references (transformer/reference.py): a textbook beam search on full
+"""The searches against plain references (transformer/decoding/textbook.py): a textbook beam search on full
 forward passes, exhaustive search, greedy by argmax, sampling frequencies, ensembles and forced
 scores; short outputs here, long ones (several cache blocks) in test_long_outputs.py."""
 
@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 from helpers import init_params, random_tokens, tiny_model_config
 
-from transformer import decoding, partitioning, reference, translator
-from transformer.model import BOS_ID, EOS_ID, PAD_ID, Transformer
-from transformer.projection import SEARCH_MATRIX
+from transformer import decoding, partitioning
+from transformer.decoding import textbook as reference
+from transformer.decoding import translator
+from transformer.model.transformer import BOS_ID, EOS_ID, PAD_ID, Transformer
+from transformer.model.vocab_projection import SEARCH_MATRIX
 
 VOCAB = 12
 SLOW = pytest.mark.slow  # more cases of a kind the default run covers once (pytest -m slow)

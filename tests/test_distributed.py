@@ -18,17 +18,19 @@ import numpy as np
 import pytest
 from helpers import REPO, cli_overrides, tiny_run_config
 
-from transformer import distributed, preemption
+from transformer import distributed
+from transformer.training import preemption
 
 TRAIN_TOGETHER = textwrap.dedent("""
     import json, sys
     import jax, numpy as np
     from jax.experimental import multihost_utils
     from helpers import random_tokens
-    from transformer import checkpoints, distributed, partitioning
+    from transformer import distributed, partitioning
+    from transformer.training import checkpoints
     from transformer.config import base_config
-    from transformer.model import ModelConfig, Transformer
-    from transformer.step import jit_train_fns
+    from transformer.model.transformer import ModelConfig, Transformer
+    from transformer.training.step import jit_train_fns
 
     out_dir, port, process_id, processes = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     if processes > 1:
@@ -117,7 +119,7 @@ def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_pat
 def test_transformer_train_runs_as_two_processes_and_only_process_0_logs(tmp_path):
   workdir = tmp_path / "run"
   port = free_port()
-  command = lambda i: [sys.executable, "-m", "transformer.train", "--config=configs/multi30k.py",
+  command = lambda i: [sys.executable, "-m", "transformer.training.train", "--config=configs/multi30k.py",
                        f"--workdir={workdir}",
                        *cli_overrides(tiny_run_config(tmp_path), **{"train.steps": 4}),
                        f"--coordinator_address=localhost:{port}", "--num_processes=2",
@@ -162,7 +164,7 @@ def test_sigterm_to_one_process_stops_the_job_at_one_step_with_a_checkpoint(tmp_
   for i, log in enumerate(logs):
     with open(log, "w") as f:
       procs.append(subprocess.Popen(
-          [sys.executable, "-m", "transformer.train", "--config=configs/multi30k.py",
+          [sys.executable, "-m", "transformer.training.train", "--config=configs/multi30k.py",
            f"--workdir={workdir}", *cli_overrides(cfg), f"--coordinator_address=localhost:{port}",
            "--num_processes=2", f"--process_id={i}"], cwd=REPO, env=environment(devices=1),
           stdout=f, stderr=f))

@@ -1,18 +1,69 @@
-"""Tables of figures in the docs are generated from their records: a page that disagrees fails."""
+"""Tables of figures in README.md and docs/ are generated from their records: a page that disagrees
+with a record fails, and so does a table of figures written by hand outside the markers."""
 
 import json
+import re
 
+import pytest
+
+from experiments import tables
 from experiments.analyses import input_pipeline_table
 
+# A measured-looking figure: two decimals (BLEU), a ratio, or a number with a unit of time, memory,
+# speed or share. Dataset sizes and config values (37,000 BPE, 3,003 lines) are not figures.
+FIGURE = re.compile(r"\d+\.\d\d|\d(\.\d+)?×|\b\d+(\.\d+)? ?(ms|s|min|h|GiB|MiB|GB|MB|tokens/s|"
+                    r"sentences/s|TFLOP/s|%)(?![\w/])")
 
-def test_data_page_input_table_is_the_records():
-  """docs/data.md's input-side table is what its record's JSON files give, to the character."""
-  want = input_pipeline_table.table(input_pipeline_table.PAGE.parents[1] / "experiments" / "results"
-                                    / "input_pipeline")
-  assert want, "the record is empty"
-  assert input_pipeline_table.page_block() == want, (
-      "docs/data.md disagrees with experiments/results/input_pipeline; regenerate it with "
-      "`python -m experiments.analyses.input_pipeline_table --write`")
+
+@pytest.mark.parametrize("page", tables.PAGES, ids=lambda p: p.name)
+def test_every_table_on_the_page_is_what_its_records_give(page):
+  text = page.read_text()
+  assert tables.render(text) == text, (
+      f"{page.name} disagrees with its records: {tables.stale([page])}; regenerate with "
+      "`python -m experiments.tables`")
+
+
+@pytest.mark.parametrize("page", tables.PAGES, ids=lambda p: p.name)
+def test_no_table_of_figures_outside_the_markers(page):
+  outside = tables.MARKER.sub("", page.read_text())
+  outside = re.sub(r"```.*?```", "", outside, flags=re.S)  # commands, not tables
+  rows = [line for line in outside.splitlines() if line.startswith("|") and FIGURE.search(line)]
+  assert not rows, f"{page.name} has figures in a hand-written table:\n" + "\n".join(rows)
+
+
+def test_the_figure_pattern_tells_measurements_from_facts():
+  assert FIGURE.search("| base | 50.6 ms (48.2–52.1) | 494k |")
+  assert FIGURE.search("| learned | 37.42 ± 0.18 |")
+  assert FIGURE.search("| float32 | 1.37× |")
+  assert not FIGURE.search("| `configs/wmt14_ende.py:base` | newstest2014 (3,003) | 37,000 BPE |")
+
+
+def test_every_table_is_used_and_every_marker_known():
+  used = {name for page in tables.PAGES for name, _ in tables.MARKER.findall(page.read_text())}
+  assert used == set(tables.TABLES), (set(tables.TABLES) - used, used - set(tables.TABLES))
+
+
+def test_a_changed_record_makes_the_page_stale(tmp_path, monkeypatch):
+  page = tmp_path / "page.md"
+  page.write_text("before\n<!-- paper:begin -->\nsomething old\n<!-- paper:end -->\nafter\n")
+  monkeypatch.setattr(tables, "REPO", tmp_path)
+  assert tables.stale([page]) == ["page.md: paper"]
+  page.write_text(tables.render(page.read_text()))
+  assert tables.stale([page]) == []
+  assert "| this implementation | not run yet |" in page.read_text()
+  page.write_text("<!-- nosuch:begin -->\n<!-- nosuch:end -->\n")
+  with pytest.raises(KeyError, match="no table named 'nosuch'"):
+    tables.render(page.read_text())
+
+
+def test_the_paper_row_fills_from_a_wmt_record(tmp_path, monkeypatch):
+  record = tmp_path / "wmt14" / "ende-base"
+  record.mkdir(parents=True)
+  (record / "result.json").write_text(json.dumps({"pair": "en-de", "model": "base",
+                                                  "tokenized_bleu": 27.61}))
+  monkeypatch.setattr(tables, "RESULTS", tmp_path)
+  monkeypatch.setattr(tables, "REPO", tmp_path)
+  assert "| this implementation | 27.6 ([record](wmt14/ende-base)) | not run yet |" in tables.paper()
 
 
 def test_input_table_reads_what_the_record_says(tmp_path):

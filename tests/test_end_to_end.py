@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from helpers import cli_overrides, run_cli, tiny_run_config
 
-from transformer import machine
-from transformer.evaluate import evaluate
+from transformer import hardware
+from transformer.evaluation.evaluate import evaluate
 from transformer.metrics import read_metrics
-from transformer.train import train_and_evaluate
+from transformer.training.train import train_and_evaluate
 
 
 def tensorboard_scalars(logdir):
@@ -32,7 +32,7 @@ def assert_same_points(got, expected):
 
 def check_evaluation(workdir):
   """The evaluation program, as its own process, with a beam of 2 (reports named _beam2)."""
-  out = run_cli("transformer.evaluate", f"--workdir={workdir}", "--beam_size=2")
+  out = run_cli("transformer.evaluation.evaluate", f"--workdir={workdir}", "--beam_size=2")
   assert out.returncode == 0, out.stderr[-3000:]
   assert "sacreBLEU" in out.stdout and "step 8" in out.stdout
   report = json.loads((workdir / "eval" / "validation_step8_beam2.json").read_text())
@@ -90,7 +90,7 @@ def test_train_resume_and_evaluate(tmp_path):
   # The command line resumes from step 6 and trains to step 8 with the same vocabulary.
   vocab_bytes = (workdir / "vocab.model").read_bytes()
   overrides = cli_overrides(cfg, **{"train.steps": 8})
-  out = run_cli("transformer.train", "--config=configs/multi30k.py", f"--workdir={workdir}",
+  out = run_cli("transformer.training.train", "--config=configs/multi30k.py", f"--workdir={workdir}",
                 *overrides)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "Resumed from the checkpoint at step 6" in out.stderr
@@ -101,7 +101,7 @@ def test_train_resume_and_evaluate(tmp_path):
   # nothing and records no machine.
   starts = read_metrics(workdir, "start")
   assert [r["step"] for r in starts] == [0, 6]
-  assert all(r["machine"].startswith(machine.cpu_id() + ", ") for r in starts)
+  assert all(r["machine"].startswith(hardware.cpu_id() + ", ") for r in starts)
   finished = cfg.copy_and_resolve_references()
   finished.train.steps = 8
   assert train_and_evaluate(finished, str(workdir))["resumed_from"] == 8
@@ -113,17 +113,17 @@ def test_train_resume_and_evaluate(tmp_path):
   # Checkpoint averaging: the last 2 make a new workdir that the evaluation program reads like a
   # training one.
   averaged = tmp_path / "averaged"
-  out = run_cli("transformer.average", f"--workdir={workdir}", "--last=2", f"--output={averaged}")
+  out = run_cli("transformer.evaluation.average", f"--workdir={workdir}", "--last=2", f"--output={averaged}")
   assert out.returncode == 0, out.stderr[-3000:]
   assert json.loads((averaged / "average.json").read_text())["averaged_steps"] == [6, 8]
-  out = run_cli("transformer.evaluate", f"--workdir={averaged}", "--beam_size=2")
+  out = run_cli("transformer.evaluation.evaluate", f"--workdir={averaged}", "--beam_size=2")
   assert out.returncode == 0, out.stderr[-3000:]
   from_file = json.loads((averaged / "eval" / "validation_step8_beam2.json").read_text())
   # transformer-translate: stdin to stdout in order, an empty line stays empty, a long line is
   # truncated with a warning.
   long_line = " ".join(["a man rides a horse"] * 20)
   lines = ["A dog runs.", "", long_line, "Two men play football."]
-  out = run_cli("transformer.translate", f"--workdir={workdir}", "--beam_size=1",
+  out = run_cli("transformer.evaluation.translate", f"--workdir={workdir}", "--beam_size=1",
                 input_text="\n".join(lines) + "\n")
   assert out.returncode == 0, out.stderr[-3000:]
   translations = out.stdout.split("\n")
@@ -132,7 +132,7 @@ def test_train_resume_and_evaluate(tmp_path):
 
   # --watch evaluates the one checkpoint not evaluated yet with its search (6; 8 was above) and
   # stops: 8 is the last.
-  out = run_cli("transformer.evaluate", f"--workdir={workdir}", "--watch", "--poll_seconds=0.1",
+  out = run_cli("transformer.evaluation.evaluate", f"--workdir={workdir}", "--watch", "--poll_seconds=0.1",
                 "--beam_size=2")
   assert out.returncode == 0, out.stderr[-3000:]
   assert "step 6: sacreBLEU" in out.stderr and "step 8: sacreBLEU" not in out.stderr
@@ -145,14 +145,14 @@ def test_train_resume_and_evaluate(tmp_path):
 
   # The pictures (their contents: tests/test_visualisation.py): the run compared with its average,
   # and the attention maps of the model's own translation of one sentence.
-  out = run_cli("transformer.plot", str(workdir), str(averaged), f"--output={tmp_path / 'c.png'}")
+  out = run_cli("transformer.visualisation.plot", str(workdir), str(averaged), f"--output={tmp_path / 'c.png'}")
   assert out.returncode == 0, out.stderr[-3000:]
   assert "2 run(s) in 2 group(s): run, averaged" in out.stdout
   assert matplotlib.image.imread(tmp_path / "c.png").ndim == 3
-  out = run_cli("transformer.attention_maps", f"--workdir={workdir}", "--source=A dog runs.",
+  out = run_cli("transformer.visualisation.attention_maps", f"--workdir={workdir}", "--source=A dog runs.",
                 "--target=Ein Hund rennt.")
   assert out.returncode == 0, out.stderr[-3000:]
-  own = run_cli("transformer.attention_maps", f"--workdir={workdir}", "--source=A dog runs.",
+  own = run_cli("transformer.visualisation.attention_maps", f"--workdir={workdir}", "--source=A dog runs.",
                 f"--output_dir={tmp_path / 'own'}")  # the target: the model's own translation
   translation = own.stderr.split("Translation by the checkpoint at step 8: ")[1].splitlines()[0]
   if translation.strip():
@@ -190,12 +190,12 @@ def test_console_scripts_explain_themselves():
 
 
 def test_info_prints_counts_and_flops():
-  out = run_cli("transformer.info", "--config=configs/wmt14_ende.py:base")
+  out = run_cli("transformer.accelerators.model_info", "--config=configs/wmt14_ende.py:base")
   assert out.returncode == 0, out.stderr[-3000:]
   assert "63,082,496" in out.stdout and "analytic formula: 63,082,496 (matches)" in out.stdout
   assert "65M (paper, 'base')" in out.stdout
   assert "training FLOPs per target token: 0.381 GFLOP" in out.stdout
-  out = run_cli("transformer.info", "--config=configs/multi30k.py", "--config.model.num_heads=3")
+  out = run_cli("transformer.accelerators.model_info", "--config=configs/multi30k.py", "--config.model.num_heads=3")
   assert out.returncode != 0
   assert "config.model.d_model (256) must be divisible by config.model.num_heads (3)" in out.stderr
 
@@ -222,11 +222,11 @@ def test_a_small_model_learns_to_translate_its_training_sentences(tmp_path):
 def test_the_same_commands_run_on_eight_devices(tmp_path):
   cfg = tiny_run_config(tmp_path)
   workdir = tmp_path / "run8"
-  out = run_cli("transformer.train", "--config=configs/multi30k.py", f"--workdir={workdir}",
+  out = run_cli("transformer.training.train", "--config=configs/multi30k.py", f"--workdir={workdir}",
                 *cli_overrides(cfg, **{"train.steps": 4}), devices=8)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "8 devices (cpu)" in out.stderr and "step 4/4" in out.stderr
-  out = run_cli("transformer.evaluate", f"--workdir={workdir}", "--beam_size=2", devices=8)
+  out = run_cli("transformer.evaluation.evaluate", f"--workdir={workdir}", "--beam_size=2", devices=8)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "sacreBLEU" in out.stdout
 

@@ -17,16 +17,17 @@ import sacrebleu
 from helpers import init_params, run_cli, tiny_model_config, tiny_run_config
 from sentencepiece import sentencepiece_model_pb2
 
-from transformer import decoding, translator
+from transformer import decoding
 from transformer.config import ConfigError, base_config
 from transformer.data import sources
 from transformer.data import vocab as vocab_lib
-from transformer.evaluate import evaluate
+from transformer.decoding import translator
+from transformer.decoding.translator import SearchSettings, translate
+from transformer.evaluation.evaluate import evaluate
 from transformer.metrics import read_metrics
-from transformer.model import EOS_ID, PAD_ID, Transformer
-from transformer.runs import load_run
-from transformer.train import train_and_evaluate
-from transformer.translator import SearchSettings, translate
+from transformer.model.transformer import EOS_ID, PAD_ID, Transformer
+from transformer.training.train import train_and_evaluate
+from transformer.training.workdir import load_run
 
 
 @pytest.fixture(scope="module")
@@ -209,8 +210,8 @@ SEARCHES_ON_DEVICES = """
 import dataclasses, json, sys
 import jax
 from transformer.data import sources
-from transformer.runs import load_run
-from transformer.translator import SearchSettings, translate
+from transformer.training.workdir import load_run
+from transformer.decoding.translator import SearchSettings, translate
 run = load_run(sys.argv[1])
 sentences = sources.load_split(run.config.data, run.config.data.eval_split).source[:40]
 sentences[7] = ""  # an empty line, and with 40 sentences over 3 devices, uneven shares and padding
@@ -273,7 +274,7 @@ def test_the_programs_write_nbest_lists_scores_samples_and_ensemble_reports(trai
   cfg, workdir = trained
   source = tmp_path / "in.en"
   source.write_text("A dog runs on the beach.\nTwo men play football.\n")
-  out = run_cli("transformer.translate", f"--workdir={workdir}", f"--input_file={source}",
+  out = run_cli("transformer.evaluation.translate", f"--workdir={workdir}", f"--input_file={source}",
                 f"--output_file={tmp_path / 'out.de'}", "--beam_size=3", "--nbest=2")
   assert out.returncode == 0, out.stderr[-3000:]
   best = (tmp_path / "out.de").read_text().splitlines()
@@ -282,7 +283,7 @@ def test_the_programs_write_nbest_lists_scores_samples_and_ensemble_reports(trai
   assert [entry["hypotheses"][0]["text"] for entry in lists] == best
   assert all(len(entry["hypotheses"]) == 2 for entry in lists)
 
-  out = run_cli("transformer.translate", f"--workdir={workdir}", f"--input_file={source}",
+  out = run_cli("transformer.evaluation.translate", f"--workdir={workdir}", f"--input_file={source}",
                 f"--score={tmp_path / 'out.de'}")
   assert out.returncode == 0, out.stderr[-3000:]
   scores = [json.loads(line) for line in out.stdout.splitlines()]
@@ -296,11 +297,11 @@ def test_the_programs_write_nbest_lists_scores_samples_and_ensemble_reports(trai
     assert score["log_prob"] == pytest.approx(reference["log_prob"], abs=1e-4)
   assert "mean NLL" in out.stderr
 
-  samples = [run_cli("transformer.translate", f"--workdir={workdir}", f"--input_file={source}",
+  samples = [run_cli("transformer.evaluation.translate", f"--workdir={workdir}", f"--input_file={source}",
                      flag, "--top_p=0.9", "--seed=5") for flag in ("--search=sample", "--sample")]
   assert samples[0].stdout == samples[1].stdout and len(samples[0].stdout.splitlines()) == 2
   assert "--sample is deprecated and will be removed; use --search=sample" in samples[1].stderr
-  out = run_cli("transformer.evaluate", f"--workdir={workdir}", "--search=sample", "--top_p=0.9",
+  out = run_cli("transformer.evaluation.evaluate", f"--workdir={workdir}", "--search=sample", "--top_p=0.9",
                 "--seed=5")  # transformer-eval scores samples too, under their own name
   assert out.returncode == 0, out.stderr[-3000:]
   name = str(workdir / "eval" / "validation_step6_sample_t1_k0_p0.9_seed5_ema")
@@ -321,7 +322,7 @@ def test_the_programs_write_nbest_lists_scores_samples_and_ensemble_reports(trai
   proto.trainer_spec.model_prefix = "/tmp/elsewhere/spm"
   (other / "vocab.model").write_bytes(proto.SerializeToString())
   assert (other / "vocab.model").read_bytes() != (workdir / "vocab.model").read_bytes()
-  out = run_cli("transformer.evaluate", f"--workdir={workdir}", f"--ensemble={other}",
+  out = run_cli("transformer.evaluation.evaluate", f"--workdir={workdir}", f"--ensemble={other}",
                 "--beam_size=2", "--nbest=2")
   assert out.returncode == 0, out.stderr[-3000:]
   assert "ensemble of 2 runs" in out.stdout and "chrF" in out.stdout
@@ -353,7 +354,7 @@ def test_a_minimum_length_has_its_own_report_and_no_empty_output(trained):
 def test_averaging_a_run_with_a_moving_average_averages_both(trained, tmp_path):
   """transformer-average: the new checkpoint's raw parameters are the mean of the raw ones, its
   moving average the mean of the moving averages (each read from one restore per checkpoint)."""
-  from transformer.average import average_checkpoints
+  from transformer.evaluation.average import average_checkpoints
   _, workdir = trained
   assert average_checkpoints(str(workdir), 2, str(tmp_path / "avg")) == [3, 6]
   for ema in (False, True):
@@ -369,7 +370,7 @@ def test_programs_keep_compiled_searches_in_the_persistent_cache(trained, tmp_pa
   them (no new entries), and '' turns the cache off."""
   _, workdir = trained
   cache = tmp_path / "xla_cache"
-  args = ("transformer.evaluate", f"--workdir={workdir}", "--beam_size=2", "--noema")
+  args = ("transformer.evaluation.evaluate", f"--workdir={workdir}", "--beam_size=2", "--noema")
   first = run_cli(*args, f"--compilation_cache={cache}")
   assert first.returncode == 0, first.stderr[-3000:]
   stored = sorted(p.name for p in cache.iterdir())
@@ -381,7 +382,9 @@ def test_programs_keep_compiled_searches_in_the_persistent_cache(trained, tmp_pa
 
 
 def test_a_test_file_is_named_without_its_language_and_compression():
-  from transformer.evaluate import test_set_name as name_of_test_set  # a global test_* is collected
+  from transformer.evaluation.evaluate import (
+    test_set_name as name_of_test_set,  # a global test_* is collected
+  )
   assert name_of_test_set(None, "x/long.en") == "long"
   assert name_of_test_set(None, "data/test_2016_flickr.en.gz") == "test_2016_flickr"
   assert name_of_test_set("validation", None) == "validation"
@@ -414,7 +417,7 @@ def test_mbr_translates_with_the_beams_consensus(trained, tmp_path):
 
   source = tmp_path / "in.en"
   source.write_text("\n".join(sentences[:3]) + "\n")
-  out = run_cli("transformer.translate", f"--workdir={workdir}", f"--input_file={source}",
+  out = run_cli("transformer.evaluation.translate", f"--workdir={workdir}", f"--input_file={source}",
                 f"--output_file={tmp_path / 'out.de'}", "--beam_size=3", "--nbest=3",
                 "--mbr=chrf", "--mbr_temperature=0.5")
   assert out.returncode == 0, out.stderr[-3000:]

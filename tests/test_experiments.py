@@ -16,14 +16,14 @@ import pytest
 import sacrebleu
 from helpers import REPO, tiny_run_config
 
-from transformer import bleu as bleu_lib
-from transformer import machine
+from transformer import hardware
 from transformer.config import ConfigError, base_config
 from transformer.data import sources
-from transformer.experiments import records, results, significance, test_sets
-from transformer.experiments.grids import Grid, Variant, load_grid
-from transformer.experiments.run import base_arguments, plan, selected, variant_config
+from transformer.evaluation import bleu as bleu_lib
 from transformer.metrics import MetricWriter, read_metrics
+from transformer.sweeps import records, results, significance, test_sets
+from transformer.sweeps.grids import Grid, Variant, load_grid
+from transformer.sweeps.run import base_arguments, plan, selected, variant_config
 
 
 def load_config(path, *args):
@@ -53,7 +53,7 @@ def test_table3_rows_change_what_the_paper_changes():
   grid = {v.name: v for v in load_grid("table3").variants}
   paper_base = base_config()
   cfg = variant_config(paper_base, grid["A-h1"], 0)
-  from transformer.model import ModelConfig
+  from transformer.model.transformer import ModelConfig
   model = ModelConfig.from_config(cfg.model, 37000)
   assert (model.num_heads, model.key_dim, model.value_dim) == (1, 512, 512)
   model = ModelConfig.from_config(variant_config(paper_base, grid["B-dk16"], 0).model, 37000)
@@ -84,7 +84,7 @@ def test_the_example_grid_is_valid_on_the_default_config():
 
 
 def test_the_scaled_table3_changes_the_default_in_every_variant_at_equal_steps():
-  from transformer.model import ModelConfig
+  from transformer.model.transformer import ModelConfig
   default = load_config(REPO / "configs/multi30k.py")
   grid = load_grid(str(REPO / "experiments/recipes/table3_multi30k.py"))
   configs = {v.name: variant_config(default, v, 0) for v in grid.variants}
@@ -102,7 +102,7 @@ def test_the_scaled_table3_changes_the_default_in_every_variant_at_equal_steps()
 
 def test_a_grid_file_is_loaded_and_checked(tmp_path):
   good = tmp_path / "warmup.py"
-  good.write_text("from transformer.experiments.grids import Grid, Variant\n"
+  good.write_text("from transformer.sweeps.grids import Grid, Variant\n"
                   "def get_grid():\n"
                   "  return Grid('warmup', [Variant('w400', {'train.warmup_steps': 400}),\n"
                   "                         Variant('w1600', {'train.warmup_steps': 1600})])\n")
@@ -247,7 +247,7 @@ def test_long_set_needs_room_below_max_len(tmp_path):
 
 def fake_rows():
   """Result rows of three seeds of two variants, as results.collect makes them."""
-  from transformer.model import ModelConfig
+  from transformer.model.transformer import ModelConfig
   rows = []
   for variant, ppl, bleu in (("base", [5.0, 5.2, 5.4], [30.0, 31.0, 32.5]),
                              ("E-learned", [5.1, 5.1, 5.1], [29.0, 30.0, 31.0])):
@@ -322,7 +322,7 @@ def write_short_sentence_config(tmp_path):
 
 def run_experiment(*args):
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
-  return subprocess.run([sys.executable, "-m", "transformer.experiments.run", *args], cwd=REPO, env=env,
+  return subprocess.run([sys.executable, "-m", "transformer.sweeps.run", *args], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=900)
 
 
@@ -367,7 +367,7 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   # Interrupt 'learned' half-way: its own training command, stopped at step 3 of 6.
   first = lines[1].split(" && ")[0].split()
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  half = subprocess.run([sys.executable, "-m", "transformer.train", *first[1:],
+  half = subprocess.run([sys.executable, "-m", "transformer.training.train", *first[1:],
                          "--config.train.steps=3"], cwd=REPO, env=env, capture_output=True, text=True)
   assert half.returncode == 0, half.stderr
 
@@ -455,7 +455,7 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   assert learned["paired_with"] == str(tmp_path / "pairs/own_copy")  # as the pairs file names it
   assert (f"(transformer-experiment --pairs): learned seed 0 with "
           f"`{learned['paired_with']}`.") in (root / "results.md").read_text()
-  assert learned["machine"].startswith(machine.cpu_id() + ", 1 cpu device(s), JAX")
+  assert learned["machine"].startswith(hardware.cpu_id() + ", 1 cpu device(s), JAX")
   assert learned["base_machine"] == "another " + learned["machine"]
   assert (f"Compared with a base trained on another machine (float32 training differs between "
           f"machines; their Δ and p include that difference): learned seed 0 "

@@ -10,10 +10,12 @@ import optax
 import pytest
 from helpers import init_params, random_tokens, run_cli, tiny_model_config, tiny_run_config
 
-from transformer import decoding, export, reference
+from transformer import decoding
 from transformer.data import vocab as vocab_lib
-from transformer.model import EOS_ID, PAD_ID, Transformer, shift_right
-from transformer.train import train_and_evaluate
+from transformer.decoding import textbook as reference
+from transformer.evaluation import export
+from transformer.model.transformer import EOS_ID, PAD_ID, Transformer, shift_right
+from transformer.training.train import train_and_evaluate
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 VOCAB = 24
@@ -108,7 +110,7 @@ def run(tmp_path_factory):
 
 def test_transformer_export_writes_a_model_that_ctranslate2_serves(run, tmp_path):
   out = tmp_path / "ct2"
-  done = run_cli("transformer.export", f"--workdir={run}", "--format=ctranslate2",
+  done = run_cli("transformer.evaluation.export", f"--workdir={run}", "--format=ctranslate2",
                  f"--output={out}")
   assert done.returncode == 0, done.stderr
   assert f"wrote a CTranslate2 model to {out}" in done.stdout
@@ -121,7 +123,7 @@ def test_transformer_export_writes_a_model_that_ctranslate2_serves(run, tmp_path
       src, beam_size=2, max_decoding_length=6)]
   (tmp_path / "src.en").write_text("\n".join(sentences) + "\n")
   (tmp_path / "hyp.de").write_text("\n".join(translations) + "\n")
-  scored = run_cli("transformer.translate", f"--workdir={run}", f"--input_file={tmp_path / 'src.en'}",
+  scored = run_cli("transformer.evaluation.translate", f"--workdir={run}", f"--input_file={tmp_path / 'src.en'}",
                    f"--score={tmp_path / 'hyp.de'}")
   assert scored.returncode == 0, scored.stderr
   # Our forced log-probabilities of the engine's translations are the engine's own.
@@ -133,7 +135,7 @@ def test_transformer_export_writes_a_model_that_ctranslate2_serves(run, tmp_path
 def test_export_refuses_a_directory_in_use_and_says_so(run, tmp_path):
   (tmp_path / "taken").mkdir()
   (tmp_path / "taken" / "notes.txt").write_text("mine")
-  done = run_cli("transformer.export", f"--workdir={run}", f"--output={tmp_path / 'taken'}")
+  done = run_cli("transformer.evaluation.export", f"--workdir={run}", f"--output={tmp_path / 'taken'}")
   assert done.returncode != 0
   assert "exists and is not empty; choose a new directory" in done.stderr
   assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"

@@ -14,13 +14,15 @@ import optax
 import pytest
 from helpers import init_params, random_tokens, tiny_model_config, tiny_run_config
 
-from transformer import checkpoints, faults, partitioning
+from transformer import partitioning
 from transformer.data import vocab as vocab_lib
-from transformer.evaluate import evaluate
+from transformer.evaluation.evaluate import evaluate
 from transformer.metrics import read_metrics
-from transformer.model import ModelConfig, Transformer
-from transformer.step import TrainState, abstract_train_state, train_step
-from transformer.train import train_and_evaluate
+from transformer.model.transformer import ModelConfig, Transformer
+from transformer.training import checkpoints
+from transformer.training import nonfinite as faults
+from transformer.training.step import TrainState, abstract_train_state, train_step
+from transformer.training.train import train_and_evaluate
 
 
 def poisoned_state(rng):

@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 from helpers import REPO, cli_overrides, snapshot, tiny_run_config
 
-from transformer import checkpoints, partitioning, preemption
+from transformer import partitioning
 from transformer.data import sources
 from transformer.data import vocab as vocab_lib
-from transformer.model import ModelConfig, Transformer
-from transformer.step import abstract_train_state
-from transformer.train import train_and_evaluate
+from transformer.model.transformer import ModelConfig, Transformer
+from transformer.training import checkpoints, preemption
+from transformer.training.step import abstract_train_state
+from transformer.training.train import train_and_evaluate
 
 STEPS = 60
 
@@ -40,7 +41,7 @@ def start_training(cfg, workdir, log_path, limit_file_size=None):
   the kernel refuses writes past that many bytes per file (with SIGXFSZ ignored: "File too large"),
   set by a small launcher that then execs the trainer (no fork of this multithreaded process)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
-  command = [sys.executable, "-m", "transformer.train", "--config=configs/multi30k.py",
+  command = [sys.executable, "-m", "transformer.training.train", "--config=configs/multi30k.py",
              f"--workdir={workdir}", *cli_overrides(cfg)]
   if limit_file_size:
     command = [sys.executable, "-c", LIMITED_LAUNCHER, str(limit_file_size), *command]

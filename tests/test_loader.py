@@ -9,7 +9,7 @@ import pytest
 from transformer.data import batching, sources
 from transformer.data import token_cache as cache_lib
 from transformer.data.loader import BatchSpec, Loader, PipelineState, Sharding
-from transformer.model import EOS_ID, PAD_ID
+from transformer.model.transformer import EOS_ID, PAD_ID
 
 
 def cache_of(tmp_path, n: int, seed: int = 0, name: str = "corpus", max_len: int = 48):

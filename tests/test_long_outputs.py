@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 from helpers import init_params, random_tokens, tiny_model_config
 
-from transformer import decoding, kv_cache, reference
-from transformer.model import EOS_ID, PAD_ID, Transformer
+from transformer import decoding
+from transformer.decoding import textbook as reference
+from transformer.model import kv_cache
+from transformer.model.transformer import EOS_ID, PAD_ID, Transformer
 
 pytestmark = pytest.mark.core
 VOCAB = 12

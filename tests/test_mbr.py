@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from transformer import mbr
 from transformer.config import ConfigError, base_config, validate
 from transformer.data import sources
-from transformer.translator import SearchSettings
+from transformer.decoding import mbr
+from transformer.decoding.translator import SearchSettings
 
 
 def test_weights_are_a_tempered_softmax_of_the_scores():

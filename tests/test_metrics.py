@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from transformer import machine
+from transformer import hardware
 from transformer.metrics import (
   MetricWriter,
   read_metrics,
@@ -96,16 +96,16 @@ def test_training_time_adds_up_every_process_that_trained_the_run():
 def test_the_machine_names_the_cpus_generation_where_its_brand_is_all_the_name_says(
     tmp_path, monkeypatch):
   cpuinfo = tmp_path / "cpuinfo"
-  monkeypatch.setattr(machine, "CPUINFO", cpuinfo)
+  monkeypatch.setattr(hardware, "CPUINFO", cpuinfo)
   first = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
            "model name\t: AMD EPYC\nstepping\t: 1\n")
   cpuinfo.write_text(first + "\n" + first.replace(": 0", ": 1").replace("26", "25"))
-  assert machine.cpu_model() == "AMD EPYC"
-  assert machine.cpu_id() == "AMD EPYC (AuthenticAMD family 26 model 2)"  # the first processor's
+  assert hardware.cpu_model() == "AMD EPYC"
+  assert hardware.cpu_id() == "AMD EPYC (AuthenticAMD family 26 model 2)"  # the first processor's
   cpuinfo.write_text("processor\t: 0\nmodel name\t: Some ARM core\n")
-  assert machine.cpu_id() == "Some ARM core"
+  assert hardware.cpu_id() == "Some ARM core"
   cpuinfo.unlink()
-  assert machine.cpu_id() == (platform.processor() or platform.machine())
-  described = machine.describe()
-  assert described["machine"] == (f"{machine.cpu_id()}, {len(jax.devices())} cpu device(s), "
+  assert hardware.cpu_id() == (platform.processor() or platform.machine())
+  described = hardware.describe()
+  assert described["machine"] == (f"{hardware.cpu_id()}, {len(jax.devices())} cpu device(s), "
                                   f"JAX {jax.__version__}")

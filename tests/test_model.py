@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 from helpers import init_params, model_config, random_tokens, tiny_model_config
 
-from transformer import kv_cache
-from transformer.attention import CACHE, Keys, attention
-from transformer.info import analytic_param_count, param_counts
-from transformer.model import Transformer, embed_tokens, shift_right, sinusoidal_encoding
-from transformer.projection import output_logits
+from transformer.model import kv_cache
+from transformer.model.attention import CACHE, Keys, attention
+from transformer.model.positions.sinusoidal import sinusoidal_encoding
+from transformer.model.size import analytic_param_count, param_counts
+from transformer.model.transformer import Transformer, embed_tokens, shift_right
+from transformer.model.vocab_projection import output_logits
 
 pytestmark = pytest.mark.core
 
@@ -218,7 +219,7 @@ def test_table3_variants_match_the_analytic_formula(overrides):
 
 def test_training_flops_per_token_of_the_base_model():
   """Hand count for base at length 32: 3 x (decoder + output per target, encoder per source)."""
-  from transformer.info import training_flops_per_target_token
+  from transformer.model.size import training_flops_per_target_token
   d, f, v, n, length = 512, 2048, 37000, 6, 32
   encoder = n * (2 * (4 * d * d + 2 * d * f) + 2 * 2 * length * d)
   decoder = n * (2 * (8 * d * d + 2 * d * f) + 2 * 2 * length * d * 2)
@@ -230,7 +231,7 @@ def test_training_flops_per_token_of_the_base_model():
 
 def test_a_decoder_of_its_own_depth_has_that_many_layers_and_their_cost():
   """model.decoder_layers: 4 encoder layers, 1 decoder layer, by hand and in the built model."""
-  from transformer.info import training_flops_per_target_token
+  from transformer.model.size import training_flops_per_target_token
   d, f, v, length = 512, 2048, 37000, 32
   config = model_config(v, num_layers=4, decoder_layers=1)
   counts = param_counts(config)

@@ -10,8 +10,8 @@ from helpers import init_params, random_tokens, tiny_model_config
 from test_model import dot_product_attention
 
 from transformer import decoding
-from transformer.attention import attention_kernel
-from transformer.model import Transformer, shift_right
+from transformer.model.attention import attention_kernel
+from transformer.model.transformer import Transformer, shift_right
 
 
 @pytest.mark.parametrize("dtype, atol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])

@@ -127,7 +127,7 @@ def trained_run(tmp_path_factory):
   """A tiny run trained for 2 steps, with 12 validation sentences."""
   from helpers import tiny_run_config
 
-  from transformer.train import train_and_evaluate
+  from transformer.training.train import train_and_evaluate
   tmp_path = tmp_path_factory.mktemp("trained")
   cfg = tiny_run_config(tmp_path, eval_lines=12)
   cfg.train.steps, cfg.train.eval_every, cfg.train.checkpoint_every = 2, 2, 2
@@ -152,8 +152,9 @@ def test_decode_timing_prints_a_rate_per_repeat_and_the_hash_of_the_translations
 
   from helpers import run_cli
 
-  from transformer import runs, translator
   from transformer.data import sources
+  from transformer.decoding import translator
+  from transformer.training import workdir as runs
   done = run_cli("experiments.analyses.decode_timing", f"--workdir={trained_run}", "--beam_size=2",
                  "--repeats=2", "--cpu_devices=1")
   assert done.returncode == 0, done.stderr

@@ -62,8 +62,8 @@ STRATEGIES = textwrap.dedent("""
     from helpers import random_tokens
     from transformer import partitioning
     from transformer.config import base_config
-    from transformer.model import ModelConfig, Transformer
-    from transformer.step import jit_train_fns
+    from transformer.model.transformer import ModelConfig, Transformer
+    from transformer.training.step import jit_train_fns
     assert jax.device_count() == 8
     cfg = base_config()
     cfg.model.num_layers, cfg.model.d_model, cfg.model.d_ff, cfg.model.num_heads = 1, 16, 32, 4

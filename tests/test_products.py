@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from helpers import init_params, random_tokens, tiny_model_config
 
-from transformer import translator
-from transformer.model import Transformer
-from transformer.products import low_precision_dot_general
-from transformer.projection import output_logits
+from transformer.decoding import translator
+from transformer.model.low_precision import low_precision_dot_general
+from transformer.model.transformer import Transformer
+from transformer.model.vocab_projection import output_logits
 
 pytestmark = pytest.mark.core
 

@@ -10,10 +10,10 @@ import optax
 import pytest
 from helpers import init_params, random_tokens, tiny_model_config
 
-from transformer import reference
 from transformer.config import RNG_IMPLS, base_config
-from transformer.model import Transformer, shift_right
-from transformer.step import (
+from transformer.decoding import textbook as reference
+from transformer.model.transformer import Transformer, shift_right
+from transformer.training.step import (
   EmaTrainState,
   TrainState,
   dropout_key,

@@ -12,9 +12,10 @@ import tensorflow_datasets as tfds
 from helpers import tiny_run_config
 from tensorflow_datasets.core.download import downloader
 
-from transformer.data import prepare, sources
+from transformer.data import sources
 from transformer.data import vocab as vocab_lib
-from transformer.train import train_and_evaluate
+from transformer.training import prepare
+from transformer.training.train import train_and_evaluate
 
 # Relative paths inside the WMT archives (tensorflow_datasets/translate/wmt.py), {x} = de or fr.
 TRAIN_FILES = ["training/europarl-v7.{x}-en", "commoncrawl.{x}-en", "training/news-commentary-v9.{x}-en"]
@@ -111,7 +112,7 @@ def test_wmt14_ende_trains_from_tfds(offline_downloads, tmp_path):
   assert [r["step"] for r in records if r["event"] == "eval"] == [2]
   assert all(r["loss"] > 0 for r in records if r["event"] == "train")
   # The command line with --config: data already prepared (no network), vocabulary from the cache.
-  out = subprocess.run([sys.executable, "-m", "transformer.data.prepare",
+  out = subprocess.run([sys.executable, "-m", "transformer.training.prepare",
                         "--config=configs/wmt14_ende.py", f"--data_dir={data_dir}",
                         "--config.data.vocab_size=300",
                         f"--config.data.vocab_cache_dir={cfg.data.vocab_cache_dir}",
@@ -139,7 +140,7 @@ def test_missing_dataset_says_what_to_run_without_touching_the_network(offline_d
   with pytest.raises(sources.DataError) as e:
     train_and_evaluate(cfg, str(tmp_path / "run"))
   assert str(e.value).startswith(f"wmt14_translate/de-en is not prepared in {tmp_path / 'empty'}")
-  assert (f"`python -m transformer.data.prepare wmt14_translate/de-en --data_dir={tmp_path / 'empty'}`"
+  assert (f"`python -m transformer.training.prepare wmt14_translate/de-en --data_dir={tmp_path / 'empty'}`"
           in str(e.value))
   assert not (tmp_path / "run" / "vocab.model").exists()
 
@@ -159,14 +160,14 @@ def test_prepare_without_network_fails_at_once(tmp_path, monkeypatch):
 
 def test_prepare_command_line_errors(tmp_path):
   def run(*args):
-    return subprocess.run([sys.executable, "-m", "transformer.data.prepare", *args],
+    return subprocess.run([sys.executable, "-m", "transformer.training.prepare", *args],
                           capture_output=True, text=True, timeout=120)
   out = run()
   assert out.returncode != 0 and "name a dataset" in out.stderr
   out = run("wmt99_xx", f"--data_dir={tmp_path}")
   assert out.returncode == 2
   assert out.stderr.strip().splitlines()[-1].startswith(
-      "transformer.data.prepare: error: unknown TFDS dataset 'wmt99_xx'")
+      "transformer.training.prepare: error: unknown TFDS dataset 'wmt99_xx'")
 
 
 def test_missing_tensorflow_datasets_is_a_data_error(monkeypatch):

@@ -12,8 +12,8 @@ from transformer.data import sources, standin
 from transformer.data import token_cache as cache_lib
 from transformer.data import vocab as vocab_lib
 from transformer.data.sources import DataError
-from transformer.machine import usable_cpus
-from transformer.model import EOS_ID
+from transformer.hardware import usable_cpus
+from transformer.model.transformer import EOS_ID
 
 
 def files_config(tmp_path, src_lines, tgt_lines):
@@ -99,7 +99,7 @@ def test_a_damaged_cache_is_an_error_that_says_how_to_rebuild(tmp_path, damage):
     (cache.directory / "meta.json").write_text(json.dumps({**meta, "format": 0}))
     match = "format 0, this version reads format 1"
   with pytest.raises(DataError, match=match):
-    cache_lib.TokenCache(cache.directory, rebuild="python -m transformer.data.prepare --config=X")
+    cache_lib.TokenCache(cache.directory, rebuild="python -m transformer.training.prepare --config=X")
 
 
 def test_a_failed_write_leaves_nothing_behind(tmp_path, monkeypatch):
@@ -181,7 +181,7 @@ def test_a_cache_another_process_finished_first_is_kept(tmp_path):
 
 
 def test_memory_mib_reads_this_process_and_zeros_elsewhere():
-  from transformer.machine import memory_mib
+  from transformer.hardware import memory_mib
   before = memory_mib()
   block = np.ones(64 * 2**20, np.uint8)  # 64 MiB, touched
   after = memory_mib()

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from helpers import init_params, random_tokens, tiny_model_config
 
-from transformer import attention_maps, plot
-from transformer.model import EOS_ID, Transformer, sinusoidal_encoding
+from transformer.model.positions.sinusoidal import sinusoidal_encoding
+from transformer.model.transformer import EOS_ID, Transformer
+from transformer.visualisation import attention_maps, plot
 
 PIECES = [f"t{i}" for i in range(24)]
 

@@ -5,11 +5,11 @@ import json
 import pytest
 from helpers import tiny_run_config
 
-from transformer import checkpoints
-from transformer.evaluate import evaluate
+from transformer.evaluation.evaluate import evaluate
+from transformer.evaluation.watch import watch
 from transformer.metrics import read_metrics
-from transformer.train import train_and_evaluate
-from transformer.watch import watch
+from transformer.training import checkpoints
+from transformer.training.train import train_and_evaluate
 
 
 def watch_run(workdir, **kwargs):

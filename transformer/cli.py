@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable
 
 from absl import app, flags
@@ -95,72 +96,9 @@ def define_progress_flag() -> None:
                     "terminal, plain periodic log lines otherwise; 'bar', 'lines' or 'off'.")
 
 
-def define_search_flags(deprecated_sample_flag: bool = False) -> None:
-  """The decoding flags of the programs that translate (translator.SearchSettings); unset flags
-  take the run config's decode.* values. `deprecated_sample_flag`: also the old --sample
-  (transformer-translate had it before --search)."""
-  from transformer.decoding import SEARCHES
-  flags.DEFINE_enum("search", None, list(SEARCHES), "The search (default: beam; beam search with "
-                    "--beam_size=1 is greedy search).")
-  flags.DEFINE_integer("beam_size", None, "Beam size (default: config.decode.beam_size; 1 = greedy).")
-  flags.DEFINE_float("alpha", None, "Length-penalty alpha (default: config.decode.alpha).")
-  flags.DEFINE_integer("max_extra_len", None, "Output length limit = input length + this.")
-  flags.DEFINE_integer("min_len", None, "At least this many tokens before end-of-sentence (default: "
-                       "config.decode.min_len, 0: the paper's search may output nothing; 1 forbids "
-                       "the empty translation, as fairseq does).")
-  flags.DEFINE_integer("nbest", None, "Also write the N best hypotheses of every sentence, with "
-                       "their scores, as JSON lines (N <= beam size).")
-  flags.DEFINE_list("ensemble", [], "More workdirs decoded together with --workdir (same "
-                    "vocabulary): their log-probabilities are averaged at every step.")
-  flags.DEFINE_integer("tokens_per_batch", None, "Source tokens per decoding batch: how many "
-                       "sentences are decoded at a time (default: config.decode.tokens_per_batch; "
-                       "1024 suits a CPU, runs trained before it was the default store 4096).")
-  flags.DEFINE_string("matmul_dtype", None, "float32, bfloat16 or bfloat16_vocab: the search's "
-                      "weight matrices (default: config.decode.matmul_dtype, float32). bfloat16 is "
-                      "quantised decoding: faster on CPUs with AVX512-BF16 and on GPUs; sums and "
-                      "activations stay float32; bfloat16_vocab rounds the projection onto the "
-                      "vocabulary only (docs/evaluating.md gives the BLEU change of each).")
-  flags.DEFINE_string("mbr", None, "Minimum Bayes risk decoding: 'chrf' or 'bleu' chooses, among "
-                      "the beam's hypotheses, the one with the highest expected sentence chrF "
-                      "(BLEU) against the others, weighted by their scores; '' = the best-scored "
-                      "(default: config.decode.mbr). A larger beam gives it more candidates (8).")
-  flags.DEFINE_float("mbr_temperature", None, "With --mbr: the softmax temperature over the "
-                     "hypotheses' scores that weights them (default: config.decode.mbr_temperature).")
-  flags.DEFINE_integer("cpu_devices", 0, "On a CPU: decode with this many JAX devices, each "
-                       "translating its own share of the sentences (0 = one per core; 1 = one "
-                       "device). XLA runs the decoder's small matrix products on one core per "
-                       "device, so one device per core keeps every core busy. Ignored on GPUs/TPUs.")
-  flags.DEFINE_float("temperature", None, "With --search=sample: divide log-probabilities by this.")
-  flags.DEFINE_integer("top_k", None, "With --search=sample: only from the K most probable tokens.")
-  flags.DEFINE_float("top_p", None, "With --search=sample: only from the most probable tokens "
-                     "whose probabilities sum to P (nucleus sampling).")
-  flags.DEFINE_integer("seed", None, "With --search=sample: the random seed (default 0); a "
-                       "sentence's sample does not depend on its batch.")
-  if deprecated_sample_flag:
-    flags.DEFINE_bool("sample", False, "Deprecated: use --search=sample.")
-
-
 def deprecated(old: str, new: str) -> None:
   """The line a renamed flag or program prints when its old name is used; the old name still works."""
   print(f"warning: {old} is deprecated and will be removed; use {new}", file=sys.stderr)
-
-
-def search_overrides() -> dict:
-  """The search flags that were given, as SearchSettings fields (None where not given)."""
-  f = flags.FLAGS
-  names = ["search", "beam_size", "alpha", "max_extra_len", "min_len", "nbest", "temperature",
-           "top_k", "top_p", "seed", "tokens_per_batch", "matmul_dtype", "mbr", "mbr_temperature"]
-  overrides = {name: f[name].value for name in names if name in f}
-  if "sample" in f and f.sample:
-    deprecated("--sample", "--search=sample")
-    overrides["search"] = "sample"
-  given = [f"--{n}" for n in ("temperature", "top_k", "top_p", "seed") if overrides.get(n) is not None]
-  if given and overrides["search"] != "sample":
-    from transformer.config import ConfigError
-    verb = "applies" if len(given) == 1 else "apply"
-    raise ConfigError(f"{', '.join(given)} {verb} only with --search=sample; add it or drop "
-                      f"{'it' if len(given) == 1 else 'them'}")
-  return overrides
 
 
 def initialize_distributed() -> None:
@@ -181,6 +119,8 @@ def run_program(program: str, main: Callable[[list[str]], None],
   """
   from transformer.host_memory import reuse_freed_memory
   reuse_freed_memory()
+  if program != "transformer-compile":  # it compiles for accelerators the machine lacks
+    use_present_accelerators_only()
   if compilation_cache:
     flags.DEFINE_string("compilation_cache", default_cache_dir(), "Directory of JAX's persistent "
                         "compilation cache (compiled programs reused by later runs; "
@@ -206,6 +146,19 @@ def run_program(program: str, main: Callable[[list[str]], None],
   app.run(main_with_logging, flags_parser=flags_parser(program))
 
 
+def use_present_accelerators_only() -> None:
+  """On a machine with neither a GPU nor a TPU, JAX is told to use its CPU backend only, so that
+  plugins installed for transformer-compile (CUDA, libtpu) do not try to start, fail and print
+  their tracebacks and warnings ahead of the program's words. A machine with an accelerator, or a
+  JAX_PLATFORMS the user set, is left as it is: its errors are real."""
+  from transformer.hardware import accelerator_devices
+  present = accelerator_devices()
+  if "JAX_PLATFORMS" not in os.environ and not any(present.values()):
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+    jax.config.update("jax_platforms", "cpu")
+
+
 def default_cache_dir() -> str:
   if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     return os.environ["JAX_COMPILATION_CACHE_DIR"]
@@ -224,13 +177,18 @@ def use_compilation_cache(directory: str) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
+def usage(module_doc: str) -> str:
+  """What --help opens with: the program module's docstring up to its examples (what the program
+  does for a user, then example commands); the rest of the docstring is for readers of the code."""
+  return "\n\n".join(module_doc.strip("\n").split("\n\n")[:2]) + "\n"
+
+
 def show_flags_in_help(module: str) -> None:
   """--help lists the flags and docstring of the main script only; a console script
-  (transformer-eval) is not the module that defines them, so it gets the program module's docstring,
-  and the program's flags and the shared ones (defined here) become its key flags."""
+  (transformer-eval) is not the module that defines them, so it gets the program's `usage`, and
+  the program's flags and the shared ones (defined here) become its key flags."""
   main_module = sys.modules["__main__"]
-  if not main_module.__doc__:
-    main_module.__doc__ = sys.modules[module].__doc__
+  main_module.__doc__ = usage(sys.modules[module].__doc__ or "")
   by_module = flags.FLAGS.flags_by_module_dict()
   for name in (module, __name__):
     for flag in by_module.get(name, []):
@@ -244,7 +202,6 @@ def setup_logging() -> None:
   and asyncio tracebacks before raising it to us; the programs turn the raised error into one line
   (checkpoints.py), so those echoes are kept off the terminal.
   """
-  from transformer.checkpoints import quiet_background_failures
   logging.getLogger("jax").setLevel(logging.WARNING)
   for library in ("absl", "asyncio"):
     logging.getLogger(library).setLevel(logging.CRITICAL)
@@ -256,3 +213,27 @@ def setup_logging() -> None:
     logger.addHandler(handler)
   logger.setLevel(logging.INFO)
   logger.propagate = False
+
+
+def quiet_background_failures() -> None:
+  """Keeps the leftovers of a failed Orbax read or write off the terminal.
+
+  When a read of a damaged checkpoint fails, TensorStore callbacks still pending on Orbax's closed
+  event loop raise "Event loop is closed" (and the abandoned reads their own errors) as
+  thousands of lines of unraisable-exception tracebacks; after a failed write, its abandoned
+  coroutines warn at exit. The failure itself reaches the caller as an exception, which the
+  programs report in one line; these echoes are dropped. (Our code has no coroutines of its own.)
+  """
+  warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
+                          category=RuntimeWarning)
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    text = f"{unraisable.exc_value} {unraisable.object!r}"
+    if "Event loop is closed" in text or "_read_array_index_and_device_put" in text:
+      return
+    previous(unraisable)
+
+  if getattr(previous, "__name__", "") != "orbax_echo_filter":
+    hook.__name__ = "orbax_echo_filter"
+    sys.unraisablehook = hook

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import ml_collections
 
-from transformer import mbr
+from transformer.data import sources
 from transformer.data.batching import BATCHING_MODES
-from transformer.errors import UserError
+from transformer.decoding.translator import OPTIONS as SEARCH_OPTIONS
+from transformer.errors import ConfigError
+from transformer.model import positions
 
-POSITIONAL_KINDS = ("sinusoidal", "learned")
 NORM_KINDS = ("post", "pre")
 DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_DTYPES = ("float32", "bfloat16")  # model.matmul_dtype: bfloat16 products, float32 sums
-# decode.matmul_dtype: bfloat16 = every weight matrix quantised, bfloat16_vocab = the projection
-# onto the vocabulary only
-DECODE_MATMUL_DTYPES = (*MATMUL_DTYPES, "bfloat16_vocab")
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg", "unsafe_rbg_threefry")
-DATA_SOURCES = ("multi30k", "files", "tfds")
 VOCAB_MODEL_TYPES = ("bpe", "unigram")
 # SentencePiece's normalisation rules; "_cf" ones also fold case (the multimodal-MT literature's
 # lowercased training text).
@@ -29,10 +26,6 @@ VOCAB_NORMALIZATIONS = ("identity", "nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf"
 ATTENTION_KERNELS = ("auto", "xla", "cudnn", "reference")
 REMAT_MODES = ("none", "full", "dots")
 NONFINITE_POLICIES = ("stop", "skip")
-
-
-class ConfigError(UserError, ValueError):
-  """A config value that cannot work; the message names the key and what to do."""
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -142,19 +135,12 @@ def _train_keys() -> ml_collections.ConfigDict:
 
 
 def _decode_keys() -> ml_collections.ConfigDict:
-  """The search of transformer-eval and transformer-translate (decoding/)."""
+  """The search of transformer-eval and transformer-translate: the options searches declare with
+  `in_config` (decoding/options.py, decoding/beam.py), each with its declared default and help."""
   decode = ml_collections.ConfigDict()
-  decode.beam_size = 4
-  decode.alpha = 0.6                # GNMT length penalty ((5 + len) / 6) ** alpha.
-  decode.max_extra_len = 50         # output may be up to input length + this.
-  decode.min_len = 0                # tokens before EOS at least; 0 allows the empty output (t2t).
-  decode.tokens_per_batch = 1024    # source tokens per decoding batch (before the beam): the slots.
-  decode.matmul_dtype = "float32"   # 'bfloat16': the search's weight matrices in bf16, float32
-                                    # sums and activations (quantised decoding; docs/evaluating.md);
-                                    # 'bfloat16_vocab': the projection onto the vocabulary only.
-  decode.mbr = ""                   # 'chrf' or 'bleu': choose among the beam's hypotheses by
-                                    # minimum Bayes risk with that utility (mbr.py); '' = off.
-  decode.mbr_temperature = 0.75     # softmax temperature over the hypotheses' scores (MBR weights).
+  for name, (option, _) in SEARCH_OPTIONS.items():
+    if option.in_config:
+      decode[name] = option.default
   return decode
 
 
@@ -231,12 +217,11 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
   for key in ("decode.max_extra_len", "decode.min_len", "model.decoder_layers", "model.d_k",
               "model.d_v", "train.cooldown_steps", "data.loader_workers"):
     _positive(cfg, key, allow_zero=True)
-  _choice(cfg, "model.positional", POSITIONAL_KINDS)
+  positions.get(cfg.model.positional).check(cfg)  # an unknown kind is an error here
   _choice(cfg, "model.norm", NORM_KINDS)
   _choice(cfg, "model.dtype", DTYPES)
   _choice(cfg, "model.matmul_dtype", MATMUL_DTYPES)
-  _choice(cfg, "decode.matmul_dtype", DECODE_MATMUL_DTYPES)
-  _choice(cfg, "data.source", DATA_SOURCES)
+  sources.source_of(cfg.data).check(cfg.data)  # an unknown source is an error here
   _choice(cfg, "train.dropout_rng", RNG_IMPLS)
   _choice(cfg, "data.vocab_model_type", VOCAB_MODEL_TYPES)
   _choice(cfg, "data.vocab_normalization", VOCAB_NORMALIZATIONS)
@@ -267,15 +252,14 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
       raise ConfigError(f"config.{key} must be a positive number, got {cfg[section][name]!r}")
   for key in ("train.adam_b1", "train.adam_b2", "train.ema_decay"):
     _probability(cfg, key)
-  if cfg.decode.alpha < 0:
-    raise ConfigError(f"config.decode.alpha must be >= 0, got {cfg.decode.alpha!r}")
-  _choice(cfg, "decode.mbr", ("", *mbr.UTILITIES))
+  for name, (option, _) in SEARCH_OPTIONS.items():
+    if option.in_config and option.choices:
+      _choice(cfg, f"decode.{name}", option.choices)
+    elif option.in_config and not option.valid(cfg.decode[name]):
+      raise ConfigError(f"config.decode.{name} must be {option.need}, got {cfg.decode[name]!r}")
   if cfg.decode.mbr and cfg.decode.beam_size < 2:
     raise ConfigError(f"config.decode.mbr reranks a beam's hypotheses: set config.decode.beam_size "
                       f">= 2 (e.g. 8), got {cfg.decode.beam_size}")
-  if cfg.decode.mbr_temperature <= 0:
-    raise ConfigError(f"config.decode.mbr_temperature must be > 0, got "
-                      f"{cfg.decode.mbr_temperature!r}")
   if cfg.data.vocab_size < 8:
     raise ConfigError(f"config.data.vocab_size must be at least 8, got {cfg.data.vocab_size}")
 
@@ -300,16 +284,7 @@ def _check_combinations(cfg: ml_collections.ConfigDict) -> None:
   if cfg.data.batching == "pack" and cfg.data.pack_length < cfg.data.max_len:
     raise ConfigError(f"config.data.pack_length ({cfg.data.pack_length}) must be >= "
                       f"config.data.max_len ({cfg.data.max_len}) so that every kept pair fits a row")
-  if cfg.model.positional == "learned" and cfg.model.max_len < cfg.data.max_len:
-    raise ConfigError(f"config.model.max_len ({cfg.model.max_len}) must be >= config.data.max_len "
-                      f"({cfg.data.max_len}) for learned positions")
   longest = max(cfg.data.max_len, cfg.data.pack_length if cfg.data.batching == "pack" else 0)
   if cfg.data.tokens_per_batch < longest:
     raise ConfigError(f"config.data.tokens_per_batch ({cfg.data.tokens_per_batch}) must hold at "
                       f"least one row of {longest} tokens")
-  if cfg.data.source == "files":
-    for key in ("train_src", "train_tgt", "eval_src", "eval_tgt"):
-      if not cfg.data[key]:
-        raise ConfigError(f"config.data.{key} must name a text file when config.data.source='files'")
-  if cfg.data.source == "tfds" and not cfg.data.tfds_name:
-    raise ConfigError("config.data.tfds_name must be set when config.data.source='tfds'")

@@ -29,8 +29,8 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from transformer.config import ConfigError
-from transformer.machine import usable_cpus
+from transformer.errors import ConfigError
+from transformer.hardware import usable_cpus
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # batch rows are split over both data-parallel axes

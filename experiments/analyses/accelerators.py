@@ -20,8 +20,8 @@ from pathlib import Path
 
 from absl import flags
 
-from transformer import compile as compile_lib
-from transformer import compile_report, topologies
+from transformer.accelerators import compile as compile_lib
+from transformer.accelerators import compile_report, topologies
 from transformer.cli import run_program
 
 FLAGS = flags.FLAGS
@@ -98,7 +98,7 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
   flags.DEFINE_list("configs", list(CONFIGS), "Config files with their size.")
-  flags.DEFINE_list("topologies", list(TOPOLOGIES), "Topology names (transformer/topologies.py).")
+  flags.DEFINE_list("topologies", list(TOPOLOGIES), "Topology names (transformer/accelerators/topologies.py).")
   flags.DEFINE_string("mesh", None, "data,fsdp,tensor for every cell (default: the config's).")
   flags.DEFINE_integer("seq_len", 64, "Tokens per row of the compiled batch.")
   flags.DEFINE_string("out", "experiments/results/accelerators", "Directory of the cells and table.")

@@ -7,7 +7,7 @@ Each file holds one translation per line of the reference file (transformer-eval
 its JSON reports: RUN/eval/<split>_step<N>[...]_ema.hyp.txt). Prints, for each file after the
 first, sacreBLEU and the Multi30k literature's lowercased tokenized BLEU (bleu.lc_tok_bleu) and
 the paired bootstrap p-value of its difference from the first file on each (Koehn 2004, sacreBLEU's
-resampling; transformer/experiments/significance.py). The lowercased score is the one to compare
+resampling; transformer/sweeps/significance.py). The lowercased score is the one to compare
 when one system writes lowercased text (data.vocab_normalization=nmt_nfkc_cf) and the other not.
 """
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from absl import app, flags
 
-from transformer import bleu
 from transformer.cli import run_program
 from transformer.data import sources
-from transformer.experiments import significance
+from transformer.evaluation import bleu
+from transformer.sweeps import significance
 
 flags.DEFINE_string("references", None, "Reference translations, one per line (.gz or plain).")
 flags.DEFINE_string("lang", None, "Target language (de, fr, en): the Moses rules of the lowercased score.")

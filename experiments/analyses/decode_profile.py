@@ -27,12 +27,12 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments.analyses.op_trace import concurrency, op_times, print_breakdown, traced_ops
-from transformer import translator
-from transformer.benchmark import synthetic_workload
+from transformer.accelerators.benchmark import synthetic_workload
 from transformer.cli import run_program
 from transformer.data import sources
-from transformer.model import ModelConfig, Transformer, initial_params
-from transformer.runs import load_run
+from transformer.decoding import translator
+from transformer.model.transformer import ModelConfig, Transformer, initial_params
+from transformer.training.workdir import load_run
 
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Run config to profile.")
 flags.DEFINE_integer("beam_size", 4, "Beam size (1 = greedy).")

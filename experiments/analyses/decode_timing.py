@@ -16,8 +16,10 @@ import time
 
 from absl import app, flags
 
-from transformer import partitioning, runs, translator
+from transformer import partitioning
 from transformer.data import sources
+from transformer.decoding import translator
+from transformer.training import workdir as runs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "The training run whose moving average translates.", required=True)

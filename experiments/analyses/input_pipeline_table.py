@@ -1,22 +1,10 @@
-"""docs/data.md's table of input-side figures, generated from the record's JSON files.
-
-    python -m experiments.analyses.input_pipeline_table --record=experiments/results/input_pipeline
-    python -m experiments.analyses.input_pipeline_table --record=... --write   # into docs/data.md
-
-The table sits between `<!-- input-pipeline:begin -->` and `<!-- input-pipeline:end -->`;
-tests/test_docs_tables.py fails when the page and the record disagree.
-"""
+"""docs/data.md's table of input-side figures, from the record's JSON files (the `input-pipeline`
+table of experiments/tables.py, which writes it into the page)."""
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
-
-from absl import app, flags
-
-PAGE = Path(__file__).parents[2] / "docs" / "data.md"
-BEGIN, END = "<!-- input-pipeline:begin -->", "<!-- input-pipeline:end -->"
 
 
 def _load(record: Path, name: str) -> dict | None:
@@ -83,36 +71,3 @@ def table(record: str | Path) -> str:
               "data (stub step: 0 / 1 / 2 workers) |",
               "|---|---|---|---|---|---|---|---|", *rows]
   return "\n".join(lines)
-
-
-def write(record: str | Path, page: Path = PAGE) -> bool:
-  """Puts the table between the page's markers; True if the page changed."""
-  text = page.read_text()
-  if BEGIN not in text or END not in text:
-    raise SystemExit(f"{page} has no {BEGIN} ... {END} block")
-  new = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END),
-               lambda _: f"{BEGIN}\n{table(record)}\n{END}", text, flags=re.S)
-  page.write_text(new)
-  return new != text
-
-
-def page_block(page: Path = PAGE) -> str:
-  text = page.read_text()
-  return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
-
-
-FLAGS = flags.FLAGS
-
-
-def main(argv: list[str]) -> None:
-  del argv
-  if FLAGS.write:
-    print(f"{PAGE}: {'updated' if write(FLAGS.record) else 'unchanged'}")
-  else:
-    print(table(FLAGS.record))
-
-
-if __name__ == "__main__":
-  flags.DEFINE_string("record", "experiments/results/input_pipeline", "The record folder.")
-  flags.DEFINE_bool("write", False, "Write the table into docs/data.md.")
-  app.run(main)

@@ -10,10 +10,10 @@
 Sampling-based MBR (Eikema & Aziz 2020; Freitag et al. 2023) treats the samples as an unbiased
 picture of the model's distribution: each candidate's expected utility is its mean sentence chrF
 against the samples. Prints sacreBLEU and the brevity penalty of the beam's best hypothesis, of the
-shipped MBR over the beam (transformer/mbr.py: chrF, weights at temperature 0.75), and of three
+shipped MBR over the beam (transformer/decoding/mbr.py: chrF, weights at temperature 0.75), and of three
 sampled variants: candidates = samples, references = samples; candidates = beam + samples,
 references = samples; and the same candidates against both, half weight each. The utility and the
-weights are transformer/mbr.py's, so only the candidates and pseudo-references differ.
+weights are transformer/decoding/mbr.py's, so only the candidates and pseudo-references differ.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ import json
 import numpy as np
 from absl import flags
 
-from transformer import bleu, mbr
 from transformer.cli import run_program
 from transformer.data import sources
+from transformer.decoding import mbr
+from transformer.evaluation import bleu
 
 FLAGS = flags.FLAGS
 

@@ -25,10 +25,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 from absl import app, flags
 
-from transformer import checkpoints
 from transformer.cli import run_program
-from transformer.evaluate import evaluate, report_path
+from transformer.evaluation.evaluate import evaluate, report_path
 from transformer.metrics import read_metrics, training_clock
+from transformer.training import checkpoints
 
 flags.DEFINE_string("output_dir", "experiments/results/default_multi30k", "Where the table and "
                     "the figure go.")

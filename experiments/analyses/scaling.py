@@ -44,7 +44,7 @@ def run_benchmark(args: argparse.Namespace, strategy: str, devices: int) -> dict
     env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(devices)))
   with tempfile.TemporaryDirectory() as tmp:
     output = Path(tmp) / "result.json"
-    command = [sys.executable, "-m", "transformer.benchmark", f"--config={args.config}",
+    command = [sys.executable, "-m", "transformer.accelerators.benchmark", f"--config={args.config}",
                f"--batch_tokens={args.batch_tokens}", f"--seq_len={args.seq_len}",
                f"--steps={args.steps}", "--warmup=2", "--decode_sentences=0",
                f"--config.mesh.data={data}", f"--config.mesh.fsdp={fsdp}",

@@ -16,10 +16,11 @@ from pathlib import Path
 
 from absl import app, flags
 
-from transformer import bleu, translator
 from transformer.cli import run_program
 from transformer.data import sources
-from transformer.runs import load_run
+from transformer.decoding import translator
+from transformer.evaluation import bleu
+from transformer.training.workdir import load_run
 
 flags.DEFINE_string("workdir", None, "Training workdir.")
 flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")

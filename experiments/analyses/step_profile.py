@@ -46,11 +46,11 @@ from experiments.analyses.op_trace import (
   xla_ops,
 )
 from transformer import partitioning
-from transformer.benchmark import synthetic_tokens
+from transformer.accelerators.benchmark import synthetic_tokens
 from transformer.cli import run_program
 from transformer.config import validate
-from transformer.model import ModelConfig, Transformer
-from transformer.step import dropout_key, jit_train_fns
+from transformer.model.transformer import ModelConfig, Transformer
+from transformer.training.step import dropout_key, jit_train_fns
 
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Run config to profile.")
 flags.DEFINE_integer("rows", 128, "Sentences per batch.")

@@ -23,7 +23,7 @@ from pathlib import Path
 from absl import app, flags
 
 from transformer.cli import run_program
-from transformer.experiments.results import format_difference, format_p_values
+from transformer.sweeps.results import format_difference, format_p_values
 
 SIGNIFICANT = 0.05  # p below which a seed's difference counts as more than the test sentences' luck
 

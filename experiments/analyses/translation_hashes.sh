@@ -15,7 +15,7 @@ rng = random.Random(2016)
 for _ in range(1000):
   print(' '.join(rng.choice(words) for _ in range(rng.randint(4, 30))))
 PY
-T="python -m transformer.translate --workdir=$RUN --input_file=$OUT/input.en"
+T="python -m transformer.evaluation.translate --workdir=$RUN --input_file=$OUT/input.en"
 $T --output_file=$OUT/beam.de 2> $OUT/beam.log
 $T --output_file=$OUT/greedy.de --beam_size=1 2> $OUT/greedy.log
 $T --output_file=$OUT/nbest.de --nbest=3 --min_len=3 2> $OUT/nbest.log

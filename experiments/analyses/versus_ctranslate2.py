@@ -55,12 +55,14 @@ from absl import app, flags
 from ml_collections import config_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from transformer import export, partitioning, translator  # noqa: E402
-from transformer.benchmark import decode_workload, synthetic_workload  # noqa: E402
+from transformer import partitioning  # noqa: E402
+from transformer.accelerators.benchmark import decode_workload, synthetic_workload  # noqa: E402
 from transformer.data import sources  # noqa: E402
-from transformer.machine import cpu_id  # noqa: E402
-from transformer.model import ModelConfig, Transformer, initial_params  # noqa: E402
-from transformer.runs import load_run  # noqa: E402
+from transformer.decoding import translator
+from transformer.evaluation import export
+from transformer.hardware import cpu_id  # noqa: E402
+from transformer.model.transformer import ModelConfig, Transformer, initial_params  # noqa: E402
+from transformer.training.workdir import load_run  # noqa: E402
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "The model and data to use.")

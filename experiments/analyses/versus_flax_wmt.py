@@ -34,8 +34,8 @@ from ml_collections import config_flags
 
 from transformer import partitioning
 from transformer.cli import run_program
-from transformer.model import ModelConfig, Transformer
-from transformer.step import dropout_key, jit_train_fns
+from transformer.model.transformer import ModelConfig, Transformer
+from transformer.training.step import dropout_key, jit_train_fns
 
 flags.DEFINE_string("flax_wmt_dir", None, "A checkout's examples/wmt directory (google/flax).")
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Our config: the model's shape "

@@ -6,7 +6,7 @@ Each Variant is a name (its folder under the experiment root) and the config key
 variant is the reference row of the table. Keys are the config's dotted names (transformer/config.py).
 """
 
-from transformer.experiments.grids import Grid, Variant
+from transformer.sweeps.grids import Grid, Variant
 
 
 def get_grid():

@@ -17,7 +17,7 @@ bench() {  # NAME CONFIG FLAGS...
   local name=$1 config=$2; shift 2
   want "$name" || return 0
   echo "== $name"
-  python3 -m transformer.benchmark --config="$config" --batch_tokens=25000 --seq_len=32 \
+  python3 -m transformer.accelerators.benchmark --config="$config" --batch_tokens=25000 --seq_len=32 \
     --steps=20 --warmup=5 --decode_sentences=0 --measure_peak --checkpoint_saves=0 \
     --output="$out/$name.json" "$@" \
     2>"$out/$name.log" | cut -c1-400 || tail -3 "$out/$name.log"
@@ -50,7 +50,7 @@ bench base_reference_attention configs/wmt14_ende.py:base --config.model.attenti
 python3 - "$out" <<'PY'
 import json, sys
 from pathlib import Path
-from transformer.info import table_peak
+from transformer.model.size import table_peak
 print("| setting | tokens/s | step s | MFU (table peak) | MFU vs measured | peak GiB | decode sent/s |")
 print("|---|---|---|---|---|---|---|")
 for path in sorted(Path(sys.argv[1]).glob("*.json")):

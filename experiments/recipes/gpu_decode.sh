@@ -22,7 +22,7 @@ done
 evaluate() {  # NAME FLAGS...: the moving average's report and the raw parameters' (the same compiled search, run second)
   local name=$1; shift
   echo "== $name"
-  if timeout 120 python3 -m transformer.evaluate --workdir="$workdir" --source_file="$out/val$repeat.en" \
+  if timeout 120 python3 -m transformer.evaluation.evaluate --workdir="$workdir" --source_file="$out/val$repeat.en" \
       --reference_file="$out/val$repeat.de" "$@" >"$out/$name.out" 2>"$out/$name.log"; then
     grep -E "sacreBLEU|decoded" "$out/$name.out" | cut -c1-300
     # the two reports it printed (moving average, then raw), kept under this setting's name
@@ -42,7 +42,7 @@ evaluate greedy_onebatch --beam_size=1 --tokens_per_batch=32768
 bench() {  # NAME CONFIG FLAGS...
   local name=$1 config=$2; shift 2
   echo "== $name"
-  timeout 150 python3 -m transformer.benchmark --config="$config" --steps=3 --warmup=1 \
+  timeout 150 python3 -m transformer.accelerators.benchmark --config="$config" --steps=3 --warmup=1 \
     --output="$out/$name.json" "$@" 2>"$out/$name.log" | cut -c1-300 || tail -3 "$out/$name.log"
 }
 bench decode_multi30k configs/multi30k.py --decode_sentences=-1 \

@@ -21,7 +21,7 @@ config="configs/standin_ende.py:base,$data/standin_gpu"
 nproc > "$out/cpus.txt"
 [ -f "$data/standin_gpu/standin.json" ] || python -m transformer.data.standin \
   --out="$data/standin_gpu" --pairs="$pairs"
-/usr/bin/time -v python -m transformer.data.prepare --config="$config" \
+/usr/bin/time -v python -m transformer.training.prepare --config="$config" \
   --report="$out/prepare.json" 2> "$out/prepare.log"
 workers="0,4,$(nproc)"
 env TRANSFORMER_MALLOC_DEFAULTS=1 transformer-benchmark --config="$config" --input_pipeline \

@@ -20,14 +20,14 @@ fi
 cp "$DATA/standin_ende/standin.json" "$OUT/standin.json"
 python - > "$OUT/machine.json" <<'PY'
 import json, subprocess, time, grain, numpy, sentencepiece
-from transformer import machine
-print(json.dumps({**machine.describe(), "commit": subprocess.run(
+from transformer import hardware
+print(json.dumps({**hardware.describe(), "commit": subprocess.run(
     ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "grain": grain.__version__,
     "numpy": numpy.__version__, "sentencepiece": sentencepiece.__version__}))
 PY
 if [ "${SKIP_PREPARE:-0}" != 1 ]; then
-  /usr/bin/time -v python -m transformer.data.prepare --config="$CONFIG" \
+  /usr/bin/time -v python -m transformer.training.prepare --config="$CONFIG" \
     --report="$OUT/prepare_4.5m.json" 2> "$OUT/prepare_4.5m.log"
 fi
 python -m transformer.data.standin --out="$DATA/standin_ende" \
@@ -47,4 +47,4 @@ for mode in bucket pack; do
     --token_cache="$DATA/synthetic_40.8m" --config.data.batching=$mode --loader_workers=0,1,2 \
     --output="$OUT/${mode}_40.8m.json"
 done
-python -m experiments.analyses.input_pipeline_table --record="$OUT" --write
+python -m experiments.tables

@@ -33,13 +33,13 @@ from typing import Any
 
 from absl import flags
 
-from transformer import evaluate as evaluate_lib
-from transformer import translator
-from transformer.cli import define_search_flags, run_program, search_overrides
-from transformer.config import ConfigError
+from transformer.cli import run_program
 from transformer.data import sources
-from transformer.experiments import records
-from transformer.runs import load_runs
+from transformer.decoding import translator
+from transformer.errors import ConfigError
+from transformer.evaluation import evaluate as evaluate_lib
+from transformer.sweeps import records
+from transformer.training.workdir import load_runs
 
 TEST_SETS = tuple(sources.MULTI30K_TEST_URLS)  # test_2016_flickr, test_2017_flickr, test_2017_mscoco
 # direction -> [(system, source, lc-tok BLEU on test2016, test2017, mscoco as published: text)]
@@ -148,7 +148,7 @@ def main(argv: list[str]) -> None:
                                       for name, (s, t) in files.items()}
   if FLAGS.ensemble:
     raise ConfigError("--ensemble does not apply here: name an ensemble's runs as RUN,RUN")
-  search = search_overrides()
+  search = translator.search_overrides()
   described = one_search(configs, search)
   results: dict[str, list[dict[str, float]]] = {}
   for members, loaded in runs.items():
@@ -175,7 +175,7 @@ def define_flags() -> None:
                       "files; .gz or plain).")
   flags.DEFINE_string("output_dir", "experiments/results/multi30k_test_sets", "Where the table goes "
                       "(a record folder per language pair).")
-  define_search_flags()  # transformer-eval's: --beam_size, --alpha, ..., --cpu_devices
+  translator.define_search_flags()  # transformer-eval's: --beam_size, --alpha, ..., --cpu_devices
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ on real batches, more padding in larger buckets), 18% fewer real tokens per seco
 updates, so they lose at equal time before training starts. Results: experiments/results/recipe_sweep/.
 """
 
-from transformer.experiments.grids import Grid, Variant
+from transformer.sweeps.grids import Grid, Variant
 
 REFERENCE_STEPS = 1000
 STEP_COST = {  # step time relative to the reference's (step_profile --versus)

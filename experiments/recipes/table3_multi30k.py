@@ -22,7 +22,7 @@ so a row compares its variants at equal updates, not at equal time (a wider mode
 Results: experiments/results/table3_multi30k/.
 """
 
-from transformer.experiments.grids import Grid, Variant
+from transformer.sweeps.grids import Grid, Variant
 
 STEPS = 1200
 

@@ -20,7 +20,7 @@ variants need a third seed: `--seeds=3 --only=NAMES`).
 import importlib.util
 from pathlib import Path
 
-from transformer.experiments.grids import Grid, Variant
+from transformer.sweeps.grids import Grid, Variant
 
 STEPS = 4800  # configs/multi30k.py's train.steps: the full default run
 UNSETTLED = ("A-h2", "A-h8", "A-h16", "B-dk32")  # (A)/(B): Δ within the seeds' spread at 1,200 steps

@@ -14,7 +14,7 @@ The schedule's peak scales as d_model^-0.5, so learning_rate 1/sqrt(2) keeps the
 run's budget, so the results do not depend on what else the machine did.
 """
 
-from transformer.experiments.grids import Grid, Variant
+from transformer.sweeps.grids import Grid, Variant
 
 DEFAULT_STEPS = 4800
 STEP_COST = {"tiny2": 0.340, "tiny4_drop0.3": 0.510}

@@ -25,7 +25,7 @@ import numpy as np
 
 from transformer.data.loader import Loader, PipelineState
 from transformer.data.token_cache import TokenCache
-from transformer.machine import memory_mib, usable_cpus
+from transformer.hardware import memory_mib, usable_cpus
 from transformer.tokens import PAD_ID
 
 WARMUP_BATCHES = 3

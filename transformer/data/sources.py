@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import ClassVar
 
 import ml_collections
 import numpy as np
 from etils import epath
 
-from transformer.errors import UserError
+from transformer.errors import ConfigError, UserError
 
 BUNDLED_DIR = Path(__file__).parent / "multi30k"
 MULTI30K_SPLITS = {"train": "train", "validation": "val", "val": "val"}
@@ -95,7 +97,7 @@ def tfds_data_dir(data_dir: str) -> str:
 
 
 def prepare_command(name: str, data_dir: str) -> str:
-  return f"python -m transformer.data.prepare {name} --data_dir={data_dir}"
+  return f"python -m transformer.training.prepare {name} --data_dir={data_dir}"
 
 
 def import_tfds(name: str):
@@ -219,18 +221,56 @@ def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> P
   return ParallelText(source, target, name=f"{src_path} -> {tgt_path}")
 
 
-def open_split(data: ml_collections.ConfigDict, split: str) -> TfdsPairs | TextFilePairs:
-  """Random access to the pairs of `split` for the config's source; nothing is read up front (text
-  files are mapped, their line ends indexed)."""
-  if data.source == "tfds":
-    return TfdsPairs(split_tfds_name(data, split), split, data.tfds_data_dir, data.src_lang,
-                     data.tgt_lang)
-  return TextFilePairs(*split_files(data, split))
+# ------------------------------------------------------------------------- the kinds of source
+
+class Source:
+  """A kind of corpus `config.data.source` names. Everything that depends on the kind asks it: the
+  config's checks, random access to a split, the names of the vocabulary's and token caches'
+  entries, and what `prepare` downloads. A new kind is a subclass here and its line in SOURCES."""
+  name: ClassVar[str]
+
+  def check(self, data: ml_collections.ConfigDict) -> None:
+    """Raises ConfigError where the config's data section cannot work with this kind."""
+
+  def open(self, data: ml_collections.ConfigDict, split: str) -> TfdsPairs | TextFilePairs:
+    raise NotImplementedError
+
+  def load(self, data: ml_collections.ConfigDict, split: str) -> ParallelText:
+    pairs = self.open(data, split)
+    source, target = pairs.read(range(len(pairs)))
+    return ParallelText(source, target, name=pairs.name)
+
+  def identity(self, data: ml_collections.ConfigDict, split: str) -> tuple[str, str]:
+    """(a short name for a cache directory, the full identity a cache's fingerprint holds)."""
+    raise NotImplementedError
+
+  def vocabulary_key(self, data: ml_collections.ConfigDict) -> str:
+    """Names the training data in the vocabulary cache's file names."""
+    raise NotImplementedError
+
+  def downloads(self, data: ml_collections.ConfigDict) -> list[str]:
+    """The TFDS datasets `python -m transformer.training.prepare --config` downloads."""
+    return []
 
 
-def split_files(data: ml_collections.ConfigDict, split: str) -> tuple[Path, Path]:
-  """The (source, target) text files of `split` for the bundled Multi30k or data.source='files'."""
-  if data.source == "multi30k":
+class TextSource(Source):
+  """Parallel text files, one sentence per line (optionally gzipped)."""
+
+  def files(self, data: ml_collections.ConfigDict, split: str) -> tuple[Path, Path]:
+    raise NotImplementedError
+
+  def open(self, data, split):
+    return TextFilePairs(*self.files(data, split))
+
+  def load(self, data, split):
+    return read_parallel(*self.files(data, split))
+
+
+class Multi30kSource(TextSource):
+  """The bundled Multi30k (English, German, French): train and validation."""
+  name = "multi30k"
+
+  def files(self, data, split):
     if split not in MULTI30K_SPLITS:
       known = ", ".join(sorted(MULTI30K_SPLITS))
       raise DataError(f"the bundled Multi30k has splits {known}, not {split!r}; for the test sets "
@@ -241,17 +281,86 @@ def split_files(data: ml_collections.ConfigDict, split: str) -> tuple[Path, Path
         raise DataError(f"the bundled Multi30k has languages en, de, fr; not {lang!r} "
                         "(use data.source='files' for other pairs)")
     return (BUNDLED_DIR / f"{stem}.{data.src_lang}.gz", BUNDLED_DIR / f"{stem}.{data.tgt_lang}.gz")
-  if data.source == "files":
+
+  def identity(self, data, split):
+    pair = f"{split}.{data.src_lang}-{data.tgt_lang}"
+    return f"multi30k.{pair}", f"multi30k {pair}"
+
+  def vocabulary_key(self, data):
+    return "multi30k"
+
+
+class FilesSource(TextSource):
+  """The user's own files: data.train_src/train_tgt and data.eval_src/eval_tgt."""
+  name = "files"
+
+  def check(self, data):
+    for key in ("train_src", "train_tgt", "eval_src", "eval_tgt"):
+      if not data[key]:
+        raise ConfigError(f"config.data.{key} must name a text file when config.data.source='files'")
+
+  def files(self, data, split):
     if split == data.train_split:
       return Path(data.train_src), Path(data.train_tgt)
     return Path(data.eval_src), Path(data.eval_tgt)
-  raise DataError(f"unknown config.data.source {data.source!r}")
+
+  def identity(self, data, split):
+    pair = f"{split}.{data.src_lang}-{data.tgt_lang}"
+    files = [str(f.absolute()) for f in self.files(data, split)]
+    stats = [(f, Path(f).stat().st_size, Path(f).stat().st_mtime_ns) if Path(f).is_file() else (f,)
+             for f in files]
+    return (f"files-{hashlib.sha256(repr(files).encode()).hexdigest()[:12]}.{pair}",
+            f"files {stats} {pair}")
+
+  def vocabulary_key(self, data):
+    stats = [(str(Path(f).absolute()), Path(f).stat().st_size, Path(f).stat().st_mtime_ns)
+             for f in (data.train_src, data.train_tgt) if Path(f).is_file()]
+    return "files-" + hashlib.sha256(repr(stats).encode()).hexdigest()[:12]
+
+
+class TfdsSource(Source):
+  """A TFDS dataset prepared as array_record, read through `tfds.data_source` (no TensorFlow)."""
+  name = "tfds"
+
+  def check(self, data):
+    if not data.tfds_name:
+      raise ConfigError("config.data.tfds_name must be set when config.data.source='tfds'")
+
+  def open(self, data, split):
+    return TfdsPairs(split_tfds_name(data, split), split, data.tfds_data_dir, data.src_lang,
+                     data.tgt_lang)
+
+  def identity(self, data, split):
+    pair = f"{split}.{data.src_lang}-{data.tgt_lang}"
+    name, data_dir = split_tfds_name(data, split), data_dir_key(data.tfds_data_dir)
+    where = hashlib.sha256(data_dir.encode()).hexdigest()[:8]
+    return f"{name}-{where}.{pair}".replace("/", "_"), f"tfds {name} {data_dir} {pair}"
+
+  def vocabulary_key(self, data):
+    data_dir = data_dir_key(data.tfds_data_dir)
+    return f"{data.tfds_name}-{hashlib.sha256(data_dir.encode()).hexdigest()[:8]}"
+
+  def downloads(self, data):
+    return [data.tfds_name] + ([data.eval_tfds_name] if data.eval_tfds_name else [])
+
+
+SOURCES: dict[str, Source] = {s.name: s for s in (Multi30kSource(), FilesSource(), TfdsSource())}
+
+
+def source_of(data: ml_collections.ConfigDict) -> Source:
+  """The kind of source the config's data section names; an unknown one is a ConfigError."""
+  if data.source not in SOURCES:
+    raise ConfigError(f"config.data.source must be one of {', '.join(map(repr, SOURCES))}; "
+                      f"got {data.source!r}")
+  return SOURCES[data.source]
+
+
+def open_split(data: ml_collections.ConfigDict, split: str) -> TfdsPairs | TextFilePairs:
+  """Random access to the pairs of `split` for the config's source; nothing is read up front (text
+  files are mapped, their line ends indexed)."""
+  return source_of(data).open(data, split)
 
 
 def load_split(data: ml_collections.ConfigDict, split: str) -> ParallelText:
   """All sentence pairs of `split` ('train', the config's eval split, ...) in memory."""
-  if data.source == "tfds":
-    pairs = open_split(data, split)
-    source, target = pairs.read(range(len(pairs)))
-    return ParallelText(source, target, name=pairs.name)
-  return read_parallel(*split_files(data, split))
+  return source_of(data).load(data, split)

@@ -36,7 +36,7 @@ import numpy as np
 from absl import flags
 
 from transformer.data import sources
-from transformer.machine import usable_cpus
+from transformer.hardware import usable_cpus
 
 # Word counts: log-normal with median 19.5 and sigma 0.7 gives a mean of ~25 words and ~0.8% of
 # pairs past 100 words, close to WMT14 En-De's training side; clipped to [MIN_WORDS, MAX_WORDS].

@@ -40,7 +40,7 @@ import numpy as np
 
 from transformer.data.sources import DataError
 from transformer.files import user_cache_dir
-from transformer.machine import memory_mib, usable_cpus
+from transformer.hardware import memory_mib, usable_cpus
 from transformer.tokens import EOS_ID
 
 log = logging.getLogger("transformer")
@@ -395,18 +395,7 @@ def write_synthetic(directory: str | os.PathLike, pairs: int, vocab_size: int = 
 def corpus_identity(data, split: str) -> tuple[str, str]:
   """(a short name for the cache directory, the full identity for the fingerprint) of a split."""
   from transformer.data import sources
-  pair = f"{split}.{data.src_lang}-{data.tgt_lang}"
-  if data.source == "tfds":
-    name, data_dir = sources.split_tfds_name(data, split), sources.data_dir_key(data.tfds_data_dir)
-    where = hashlib.sha256(data_dir.encode()).hexdigest()[:8]
-    return f"{name}-{where}.{pair}".replace("/", "_"), f"tfds {name} {data_dir} {pair}"
-  if data.source == "multi30k":
-    return f"multi30k.{pair}", f"multi30k {pair}"
-  files = [str(f.absolute()) for f in sources.split_files(data, split)]
-  stats = [(f, Path(f).stat().st_size, Path(f).stat().st_mtime_ns) if Path(f).is_file() else (f,)
-           for f in files]
-  return (f"files-{hashlib.sha256(repr(files).encode()).hexdigest()[:12]}.{pair}",
-          f"files {stats} {pair}")
+  return sources.source_of(data).identity(data, split)
 
 
 def cache_root(data) -> Path:
@@ -423,7 +412,7 @@ def cache_dir(data, split: str, vocab_bytes: bytes, filters: Filters) -> Path:
 
 
 def rebuild_command(config: str = "CONFIG") -> str:
-  return f"python -m transformer.data.prepare --config={config}"
+  return f"python -m transformer.training.prepare --config={config}"
 
 
 def open_or_build(data, split: str, vocab_path: str | os.PathLike, filters: Filters,

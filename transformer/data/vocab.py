@@ -19,7 +19,6 @@ WORKDIR/vocab.model, which evaluation reads.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import tempfile
@@ -30,9 +29,10 @@ import ml_collections
 import numpy as np
 import sentencepiece as spm
 
-from transformer.data.sources import DataError, data_dir_key
+from transformer.data import sources
+from transformer.data.sources import DataError
 from transformer.files import user_cache_dir, write_atomically
-from transformer.machine import usable_cpus
+from transformer.hardware import usable_cpus
 from transformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 log = logging.getLogger("transformer")
@@ -132,17 +132,8 @@ def sample_sentences(source, num_pairs: int, seed: int) -> list[str]:
 
 
 def dataset_key(data: ml_collections.ConfigDict) -> str:
-  """Names the training data: TFDS name and a fingerprint of its data directory, 'multi30k', or a
-  fingerprint of the text files; then the training split and the languages."""
-  if data.source == "tfds":
-    data_dir = data_dir_key(data.tfds_data_dir)
-    name = f"{data.tfds_name}-{hashlib.sha256(data_dir.encode()).hexdigest()[:8]}"
-  elif data.source == "multi30k":
-    name = "multi30k"
-  else:
-    stats = [(str(Path(f).absolute()), Path(f).stat().st_size, Path(f).stat().st_mtime_ns)
-             for f in (data.train_src, data.train_tgt) if Path(f).is_file()]
-    name = "files-" + hashlib.sha256(repr(stats).encode()).hexdigest()[:12]
+  """Names the training data (its source's `vocabulary_key`), the training split and the languages."""
+  name = sources.source_of(data).vocabulary_key(data)
   return f"{name}.{data.train_split}.{data.src_lang}-{data.tgt_lang}".replace("/", "_")
 
 

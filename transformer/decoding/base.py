@@ -21,13 +21,16 @@ search only chooses tokens. Searches are registered by name in decoding/__init__
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import flax
 import jax
 import jax.numpy as jnp
 
-from transformer.model import BOS_ID, EOS_ID, PAD_ID
+from transformer.model.transformer import BOS_ID, EOS_ID, PAD_ID
+
+if TYPE_CHECKING:
+  from transformer.decoding.options import Option
 
 IMPOSSIBLE = -1.0e7  # the score of a forbidden token or an empty hypothesis: finite, so sums stay NaN-free
 
@@ -55,6 +58,7 @@ class Result:
 class Search(abc.ABC):
   """A decoding strategy. Subclasses are frozen dataclasses of settings, so jit sees constants."""
   name: ClassVar[str]
+  OPTIONS: ClassVar[tuple[Option, ...]] = ()  # its own settings (options.py), beside options.COMMON
   beam_size: int = 1  # G: hypotheses the decoder advances per sentence
   nbest: int = 1      # hypotheses written out per sentence
 

@@ -30,7 +30,8 @@ from transformer.decoding.base import (
   length_penalty,
   top_k,
 )
-from transformer.model import BOS_ID, EOS_ID, PAD_ID
+from transformer.decoding.options import Option
+from transformer.model.transformer import BOS_ID, EOS_ID, PAD_ID
 
 
 @flax.struct.dataclass
@@ -50,6 +51,13 @@ def gather_beams(x: jax.Array, beams: jax.Array) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class BeamSearch(Search):
   name = "beam"
+  OPTIONS = (
+      Option("beam_size", 4, "Beam size (1 = greedy search).", lambda v: v >= 1,
+             ">= 1 (1 = greedy search)", tag="beam", in_config=True),
+      Option("alpha", 0.6, "Length-penalty exponent: ((5 + length) / 6) ** alpha divides a "
+             "finished hypothesis' log-probability.", lambda v: v >= 0, ">= 0", in_config=True,
+             about="the length-penalty exponent"),
+  )
   beam_size: int = 4
   alpha: float = 0.6
   nbest: int = 1

@@ -18,8 +18,8 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from transformer import kv_cache
-from transformer.model import BOS_ID, PAD_ID, Transformer, shift_right
+from transformer.model import kv_cache
+from transformer.model.transformer import BOS_ID, PAD_ID, Transformer, shift_right
 
 Models = Transformer | Sequence[Transformer]
 

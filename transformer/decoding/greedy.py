@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.decoding.base import Result, Search, Step, at_position, top_k
-from transformer.model import BOS_ID, EOS_ID, PAD_ID
+from transformer.model.transformer import BOS_ID, EOS_ID, PAD_ID
 
 
 @flax.struct.dataclass

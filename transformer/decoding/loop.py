@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from transformer.decoding.base import IMPOSSIBLE, Result, Search, Step, allowed
 from transformer.decoding.ensemble import Caches, Ensemble
-from transformer.model import PAD_ID
+from transformer.model.transformer import PAD_ID
 
 
 def history_mask(origin: jax.Array, position: jax.Array) -> jax.Array:

@@ -15,11 +15,21 @@ import jax.numpy as jnp
 
 from transformer.decoding.base import IMPOSSIBLE, Step, top_k
 from transformer.decoding.greedy import Greedy
+from transformer.decoding.options import Option
 
 
 @dataclasses.dataclass(frozen=True)
 class Sampling(Greedy):
   name = "sample"
+  OPTIONS = (
+      Option("temperature", 1.0, "Divide log-probabilities by this before sampling.",
+             lambda v: v > 0, "> 0", tag="t"),
+      Option("top_k", 0, "Sample only from the K most probable tokens (0 = all).",
+             lambda v: v >= 0, ">= 0 (0 = no limit)", tag="k"),
+      Option("top_p", 1.0, "Sample only from the most probable tokens whose probabilities sum to P "
+             "(nucleus sampling).", lambda v: 0 < v <= 1, "in (0, 1]", tag="p"),
+      Option("seed", 0, "The random seed; a sentence's sample does not depend on its batch."),
+  )
   keys: jax.Array | None = None
   temperature: float = 1.0
   top_k: int = 0

@@ -1,0 +1,409 @@
+"""Every table of figures in README.md and docs/, generated from the records in experiments/results.
+
+    python -m experiments.tables            # rewrite every table between its markers
+    python -m experiments.tables --check    # list the tables that disagree with their records
+
+A page holds a table as `<!-- NAME:begin -->` ... `<!-- NAME:end -->`; NAME is one of TABLES below,
+each a function of the record folders it names. tests/test_docs_tables.py fails when a page and its
+records disagree, and when a page has a table of figures outside such markers. A figure changes by
+changing its record (rerun the recipe that wrote it), then this script.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "experiments" / "results"
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+MARKER = re.compile(r"<!-- ([a-z0-9-]+):begin -->\n(.*?)<!-- \1:end -->", re.S)
+DATA_SHEET_BF16_TFLOPS = {"NVIDIA H200": 989.0, "NVIDIA H100": 989.0}  # dense, no sparsity
+
+TABLES: dict[str, Callable[[], str]] = {}
+
+
+def table(name: str) -> Callable[[Callable[[], str]], Callable[[], str]]:
+  def register(fn: Callable[[], str]) -> Callable[[], str]:
+    TABLES[name] = fn
+    return fn
+  return register
+
+
+def _mean_sd(values: list[float], digits: int = 2) -> str:
+  if len(values) == 1:
+    return f"{values[0]:.{digits}f}"
+  return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def _markdown_rows(path: Path) -> dict[str, list[str]]:
+  """{first cell: cells} of the first markdown table in a record's results.md."""
+  rows = {}
+  for line in path.read_text().splitlines():
+    if line.startswith("|") and not line.startswith("|---"):
+      cells = [c.strip() for c in line.strip("|").split("|")]
+      rows[cells[0]] = cells
+  return rows
+
+
+def _default_runs() -> list[dict[str, str]]:
+  with open(RESULTS / "positional_full" / "results.csv") as f:
+    return list(csv.DictReader(f))
+
+
+# ------------------------------------------------------------------------------------- README
+
+# Runs of the README's default command, by the machine their record's README names.
+DEFAULT_RUNS = {"2-core AMD EPYC VM (Zen 5)": "table3_multi30k_full/amd_base",
+                "2-core AMD EPYC VM (Zen 3, AVX2 only)": "table3_multi30k_full/zen3_base"}
+
+
+def _run_summary(workdir: Path) -> tuple[float, float, int]:
+  """(training minutes, validation sacreBLEU of the moving average, last step) of a recorded run."""
+  from transformer.metrics import read_metrics, training_clock
+  records = read_metrics(workdir)
+  train = [r for r in records if r["event"] == "train"]
+  bleu = [r for r in records if r["event"] == "bleu" and r.get("ema") and r["step"] == train[-1]["step"]]
+  return training_clock(train)[-1] / 60, bleu[-1]["bleu"], train[-1]["step"]
+
+
+@table("default-run")
+def default_run() -> str:
+  """The README's first command, per machine: training time and validation sacreBLEU."""
+  lines = ["| machine | seeds | training time | validation sacreBLEU (moving average) | record |",
+           "|---|---|---|---|---|"]
+  for machine, folder in DEFAULT_RUNS.items():
+    runs = [_run_summary(w) for w in sorted((RESULTS / folder).glob("seed*"))]
+    minutes = " / ".join(f"{m:.0f} min" for m, _, _ in runs)
+    lines.append(f"| {machine} | {len(runs)} | {minutes} | {_mean_sd([b for _, b, _ in runs])} | "
+                 f"`{folder}` |")
+  lines.append("| a GPU | | not measured yet | not measured yet | |")
+  return "\n".join(lines)
+
+
+@table("model-size")
+def model_size() -> str:
+  """The paper's two models as configured: exact parameters and training FLOPs per target token."""
+  from configs import wmt14_ende
+  from transformer.model.size import analytic_param_count, training_flops_per_target_token
+  from transformer.model.transformer import ModelConfig
+  lines = ["| config | parameters (shared 37k vocabulary) | the paper | training GFLOP per target "
+           "token (rows of 32) |", "|---|---|---|---|"]
+  for size, paper in (("base", "65M"), ("big", "213M")):
+    cfg = wmt14_ende.get_config(size)
+    model = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
+    flops = training_flops_per_target_token(model, 32, 32)
+    lines.append(f"| `wmt14_ende.py:{size}` | {analytic_param_count(model):,} | {paper} | "
+                 f"{flops / 1e9:.3f} |")
+  return "\n".join(lines)
+
+@table("paper")
+def paper() -> str:
+  """The paper's Table 2 beside ours: a cell is filled only by a record under results/wmt14/."""
+  ours = {}
+  for path in sorted((RESULTS / "wmt14").glob("*/result.json")):
+    record = json.loads(path.read_text())
+    ours[(record["pair"], record["model"])] = (f"{record['tokenized_bleu']:.1f} "
+                                               f"([record]({path.parent.relative_to(REPO)}))")
+  rows = ["| newstest2014, tokenized BLEU (the paper's metric) | En→De base | En→De big | En→Fr base "
+          "| En→Fr big |", "|---|---|---|---|---|",
+          "| the paper (8 P100 GPUs; 12 hours base, 3.5 days big) | 27.3 | 28.4 | 38.1 | 41.8 |",
+          "| this implementation | " + " | ".join(
+              ours.get((pair, model), "not run yet") for pair in ("en-de", "en-fr")
+              for model in ("base", "big")) + " |"]
+  return "\n".join(rows)
+
+
+@table("multi30k")
+def multi30k() -> str:
+  """The bundled task's recipes: validation and Multi30k's test sets, mean over seeds."""
+  default = [r for r in _default_runs() if r["variant"] == "sinusoidal"]
+  bleu = [float(r["dev_ema_bleu"]) for r in default]
+  minutes = [float(r["train_sec"]) / 60 for r in default]
+  lines = [f"Default run (`configs/multi30k.py`), {len(default)} seeds: validation sacreBLEU "
+           f"**{_mean_sd(bleu)}**, {statistics.mean(minutes):.0f} minutes of training each on a "
+           "2-core AMD EPYC (Zen 4) VM (record: `experiments/results/positional_full/`).", "",
+           "| recipe, lowercased tokenized BLEU (sacreBLEU) | validation | test2016 | test2017 | "
+           "MSCOCO | record |", "|---|---|---|---|---|---|"]
+  recipes = [("En→De default, 2 seeds", "multi30k_test_sets/en-de"),
+             ("En→De bf16 (`configs/multi30k_bf16.py`), 2 seeds", "multi30k_bf16_test_sets/en-de"),
+             ("En→De ensemble of 2 (`configs/multi30k_ensemble.py`), 2 pairs",
+              "multi30k_mbr_test_sets/en-de"),
+             ("En→Fr default (`configs/multi30k_enfr.py`), 2 seeds", "multi30k_test_sets/en-fr"),
+             ("En→Fr ensemble of 2, 2 pairs", "multi30k_mbr_test_sets/en-fr")]
+  published = None
+  for label, folder in recipes:
+    rows = _markdown_rows(RESULTS / folder / "results.md")
+    cells = [f"{rows[s][3]} ({rows[s][4]})" for s in ("validation", "test_2016_flickr",
+                                                     "test_2017_flickr", "test_2017_mscoco")]
+    lines.append(f"| {label} | {' | '.join(cells)} | `{folder}` |")
+    if folder.endswith("en-de"):
+      published = rows
+  lines.append("| En→De text-only Transformer-Tiny (Wu et al., 2021) | – | "
+               + " | ".join(published[s][6] for s in ("test_2016_flickr", "test_2017_flickr",
+                                                      "test_2017_mscoco")) + " | |")
+  return "\n".join(lines)
+
+
+@table("positional")
+def positional() -> str:
+  """Table 3 row E on Multi30k: sinusoidal against learned positions over seeds."""
+  runs = _default_runs()
+  lines = ["| positions | seeds | validation sacreBLEU | long sentences (50–82 tokens) | Δ validation "
+           "| paired bootstrap p (each seed) | parameters | minutes |", "|---|---|---|---|---|---|---|---|"]
+  for variant in ("sinusoidal", "learned"):
+    rows = [r for r in runs if r["variant"] == variant]
+    deltas = [float(r["dev_delta"]) for r in rows if r["dev_delta"]]
+    ps = " / ".join(f"{float(r['dev_p']):.3f}" for r in rows if r["dev_p"])
+    lines.append(
+        f"| {variant} | {len(rows)} | {_mean_sd([float(r['dev_ema_bleu']) for r in rows])} | "
+        f"{_mean_sd([float(r['long_ema_bleu']) for r in rows])} | "
+        f"{_mean_sd(deltas) if deltas else '–'} | {ps or '–'} | "
+        f"{int(rows[0]['params']) / 1e6:.2f}M | "
+        f"{statistics.mean(float(r['train_sec']) for r in rows) / 60:.0f} |")
+  return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ speed
+
+def _gpu_step_records() -> list[tuple[Path, dict]]:
+  folder = max((RESULTS / "gpu").glob("h200-*-train-step"))
+  return [(folder / f"{size}.json", json.loads((folder / f"{size}.json").read_text()))
+          for size in ("base", "big")]
+
+
+@table("gpu-train-step")
+def gpu_train_step() -> str:
+  """The train step alone on one GPU, bf16, the paper's 25k target tokens per step."""
+  lines = ["| model | GPU | target tokens / step | step (median, p10–p90) | target tokens/s | "
+           "MFU (of the data sheet's dense bf16) | peak memory | record |",
+           "|---|---|---|---|---|---|---|---|"]
+  for path, r in _gpu_step_records():
+    sheet = DATA_SHEET_BF16_TFLOPS[r["device"]]
+    lines.append(
+        f"| {path.stem} | {r['device']} | {r['target_tokens_per_step']:,} in rows of "
+        f"{r['seq_len']} | {1e3 * r['step_sec_median']:.1f} ms ({1e3 * r['step_sec_p10']:.1f}–"
+        f"{1e3 * r['step_sec_p90']:.1f}) | {r['target_tokens_per_sec'] / 1e3:,.0f}k | "
+        f"{r['analytic_tflops_per_sec'] / sheet:.0%} | {r['peak_memory_bytes'] / 2**30:.1f} GiB | "
+        f"`{path.parent.relative_to(RESULTS)}` |")
+  return "\n".join(lines)
+
+
+@table("wmt-hours")
+def wmt_hours() -> str:
+  """Hours to the paper's steps: measured on one H200 (the step alone), the rest arithmetic."""
+  from configs import wmt14_ende
+  from transformer.model.size import training_flops_per_target_token
+  from transformer.model.transformer import ModelConfig
+  tokens = {}
+  for size in ("base", "big"):
+    cfg = wmt14_ende.get_config(size)
+    per_token = training_flops_per_target_token(
+        ModelConfig.from_config(cfg.model, cfg.data.vocab_size), 28, 28)
+    tokens[size] = (cfg.train.steps * cfg.data.tokens_per_batch, per_token)
+  lines = ["| hardware | dense bf16 peak | base (100k steps) | big (300k steps) | how |",
+           "|---|---|---|---|---|"]
+  for name, peak in (("8 × A100", 8 * 312), ("TPU v3-8 (4 chips)", 4 * 123), ("1 × H100 SXM", 989)):
+    hours = [n * f / (peak * 1e12 * 0.40) / 3600 for n, f in tokens.values()]
+    lines.append(f"| {name} | {peak:,} TFLOP/s | {hours[0]:.1f} h | {hours[1]:.1f} h | "
+                 "arithmetic at 40% MFU |")
+  measured = {path.stem: r for path, r in _gpu_step_records()}
+  hours = [tokens[s][0] / measured[s]["target_tokens_per_sec"] / 3600 for s in ("base", "big")]
+  lines.append(f"| 1 × H200 | 989 TFLOP/s | **{hours[0]:.1f} h** | **{hours[1]:.1f} h** | the "
+               "measured step alone (table above), no input or evaluation |")
+  lines.append("| the paper: 8 × P100 | | 12 h | 3.5 days | the paper |")
+  return "\n".join(lines)
+
+
+def _cpu_record() -> tuple[Path, dict]:
+  folder = max((RESULTS / "cpu").iterdir(), key=lambda f: json.loads(
+      (f / "machine.json").read_text())["date"])
+  return folder, json.loads((folder / "machine.json").read_text())
+
+
+def _cpu_benchmarks() -> list[tuple[str, dict]]:
+  folder, _ = _cpu_record()
+  return [(name, json.loads((folder / f"{name}.json").read_text()))
+          for name in ("multi30k", "wmt14_ende_base")]
+
+
+@table("cpu-train-step")
+def cpu_train_step() -> str:
+  """The train step and the searches on a CPU (`bash experiments/recipes/cpu_benchmark.sh`)."""
+  folder, machine = _cpu_record()
+  lines = [f"{machine['cpu']}, {machine['cores']} cores, JAX {machine['jax']}, float32, commit "
+           f"{machine['commit']}, {machine['date']} (record: `experiments/results/"
+           f"{folder.relative_to(RESULTS)}`):", "",
+           "| config | target tokens / step | step (median, p10–p90) | target tokens/s | MFU (of a "
+           "measured float32 matmul) | greedy / beam 4 sentences/s |", "|---|---|---|---|---|---|"]
+  labels = {"multi30k": "`multi30k.py` (the default, 5.7M parameters)",
+            "wmt14_ende_base": "`wmt14_ende.py:base` in float32 (63M parameters)"}
+  for name, r in _cpu_benchmarks():
+    lines.append(
+        f"| {labels[name]} | {r['target_tokens_per_step']:,} | {r['step_sec_median']:.3f} s "
+        f"({r['step_sec_p10']:.3f}–{r['step_sec_p90']:.3f}) | {r['target_tokens_per_sec']:,.0f} | "
+        f"{r['mfu']:.0%} | {r['decode_beam1_sentences_per_sec']:.1f} / "
+        f"{r['decode_beam4_sentences_per_sec']:.1f} |")
+  return "\n".join(lines)
+
+
+@table("checkpoint-stalls")
+def checkpoint_stalls() -> str:
+  """What an asynchronous checkpoint save costs training (the same CPU record)."""
+  folder, machine = _cpu_record()
+  lines = ["| model (parameters + 2 Adam moments, float32) | checkpoint | training paused (median, "
+           "max) | whole write | a step during the write | record |", "|---|---|---|---|---|---|"]
+  for name, r in _cpu_benchmarks():
+    lines.append(
+        f"| `{name}` | {r['checkpoint_bytes'] / 1e6:,.0f} MB | {r['checkpoint_blocking_sec_median']:.3f} s, "
+        f"{r['checkpoint_blocking_sec_max']:.3f} s | {r['checkpoint_write_sec_median']:.2f} s | "
+        f"{r['step_sec_during_checkpoint_write_median']:.2f} s (alone {r['step_sec_median']:.2f} s) | "
+        f"`cpu/{folder.name}` |")
+  return "\n".join(lines)
+
+
+@table("smoke-run")
+def smoke_run() -> str:
+  """The README's smoke command, timed on a fresh machine's caches."""
+  folder, machine = _cpu_record()
+  r = json.loads((folder / "smoke.json").read_text())
+  return (f"A smoke run: 150 steps and one validation, {r['wall_sec'] / 60:.1f} minutes on a "
+          f"{machine['cores']}-core {machine['cpu']} from empty caches (vocabulary, token cache and "
+          f"compilation included; record `cpu/{folder.name}`); its BLEU is near zero by design.\n\n"
+          f"```bash\n{r['command']}\n```")
+
+
+@table("versus-ctranslate2")
+def versus_ctranslate2() -> str:
+  """Our searches beside CTranslate2's on the trained default model, the same 2-core CPU."""
+  path = RESULTS / "versus_ctranslate2" / "trained_zen5.json"
+  r = json.loads(path.read_text())
+  lines = ["| engine | beam | sentences/s (median of runs) | × ours float32 | translations identical to "
+           "ours float32 |", "|---|---|---|---|---|"]
+  for row in r["rows"]:
+    name = f"{row['engine']}, beam {row['beam']}"
+    lines.append(f"| {row['engine']} | {row['beam']} | {statistics.median(row['sentences_per_sec']):.0f} "
+                 f"| {row['ratio_to_ours']:.2f} | {r['identical_to_ours'].get(name, 1.0):.1%} |")
+  return "\n".join(lines)
+
+
+@table("accelerators")
+def accelerators() -> str:
+  """What transformer-compile reports for the paper's configs on named slices (no hardware)."""
+  from experiments.analyses.accelerators import table as compile_table
+  reports = [json.loads(p.read_text()) for p in sorted((RESULTS / "accelerators").glob("wmt*__*.json"))]
+  return compile_table(reports)
+
+
+@table("topologies")
+def topologies() -> str:
+  """The slices and clusters transformer-compile knows, and the chip figures it plans with (vendor
+  data sheets, in transformer/accelerators/topologies.py)."""
+  from transformer.accelerators.topologies import CHIPS, TOPOLOGIES
+  lines = ["| names | chips | per chip: dense bf16 peak, HBM, HBM bandwidth, interconnect (within / "
+           "between hosts) |", "|---|---|---|"]
+  for key, chip in CHIPS.items():
+    named = [t for t in TOPOLOGIES.values() if t.chip == key]
+    counts = sorted({t.chips for t in named})
+    lines.append(f"| {', '.join(t.name for t in named)} | {', '.join(map(str, counts))} | "
+                 f"{chip.peak_tflops:g} TFLOP/s, {chip.hbm_gib:g} GiB, {chip.hbm_gbps:,.0f} GB/s, "
+                 f"{chip.link_gbps:,.0f} / {chip.cross_host_gbps:,.0f} GB/s |")
+  return "\n".join(lines)
+
+
+def _collectives(collectives: dict) -> str:
+  return ", ".join(f"{kind} {c['count']:.0f}× {c['bytes'] / 2**20:,.0f} MiB"
+                   for kind, c in collectives.items())
+
+
+@table("mesh-search")
+def mesh_search() -> str:
+  """`transformer-compile --search_mesh`: every split of big on a v5p-32, per device, best first."""
+  r = json.loads((RESULTS / "accelerators" / "search_big_v5p-32.json").read_text())
+  lines = ["| mesh (data, fsdp, tensor) | peak memory | compute / memory / interconnect | bound | "
+           "collectives per step (count, data sent) |", "|---|---|---|---|---|"]
+  for m in sorted(r["mesh_search"], key=lambda m: m["bound"]["step_s"]):
+    b = m["bound"]
+    lines.append(f"| {tuple(m['mesh'])} | {m['peak_bytes'] / 2**30:.2f} GiB | "
+                 f"{1e3 * b['compute_s']:.2f} / {1e3 * b['memory_s']:.2f} / "
+                 f"{1e3 * b['interconnect_s']:.2f} ms | {1e3 * b['step_s']:.2f} ms ({b['binding']}) | "
+                 f"{_collectives(m['collectives'])} |")
+  return "\n".join(lines)
+
+
+@table("launch-recipes")
+def launch_recipes() -> str:
+  """distributed.md's three launches, each compiled for its slice (all three programs)."""
+  lines = ["| recipe | topology | train: peak / HBM per device, bound | eval peak | beam peak | "
+           "collectives of the train step |", "|---|---|---|---|---|---|"]
+  for name, topology in (("single-host TPU VM, base", "v5e-8"), ("multi-host slice, big", "v5p-32"),
+                         ("SLURM, 2 nodes × 8 GPUs, big", "16xH100")):
+    r = json.loads((RESULTS / "accelerators" / f"recipe_{topology}.json").read_text())
+    beam = json.loads((RESULTS / "accelerators" / f"recipe_{topology}_beam.json").read_text())
+    train, b = r["programs"]["train"], r["programs"]["train"]["bound"]
+    lines.append(
+        f"| {name} | {topology} | {train['memory']['peak'] / 2**30:.2f} / {r['chip']['hbm_gib']:g} "
+        f"GiB; {1e3 * b['step_s']:.1f} ms, {b['binding']}-bound ({b['hours']:.2f} h to the paper's "
+        f"steps) | {r['programs']['eval']['memory']['peak'] / 2**30:.2f} GiB | "
+        f"{beam['programs']['beam']['memory']['peak'] / 2**30:.2f} GiB | "
+        f"{_collectives(train['collectives'])} |")
+  return "\n".join(lines)
+
+
+@table("input-pipeline")
+def input_pipeline() -> str:
+  from experiments.analyses.input_pipeline_table import table as input_table
+  return input_table(RESULTS / "input_pipeline")
+
+
+@table("quality-per-minute")
+def quality_per_minute() -> str:
+  text = (RESULTS / "default_multi30k" / "quality_per_minute.md").read_text()
+  return "\n".join(line for line in text.splitlines() if line.startswith("|"))
+
+
+# ------------------------------------------------------------------------------------ pages
+
+def render(text: str) -> str:
+  """The page with every table regenerated; an unknown NAME is an error."""
+  def fill(match: re.Match) -> str:
+    name = match.group(1)
+    if name not in TABLES:
+      raise KeyError(f"no table named {name!r} (experiments/tables.py knows {', '.join(TABLES)})")
+    return f"<!-- {name}:begin -->\n{TABLES[name]()}\n<!-- {name}:end -->"
+  return MARKER.sub(fill, text)
+
+
+def stale(pages: list[Path] = PAGES) -> list[str]:
+  """'page: table' for each table that differs from what its records give."""
+  out = []
+  for page in pages:
+    text = page.read_text()
+    want = render(text)
+    if want != text:
+      have, new = dict(MARKER.findall(text)), dict(MARKER.findall(want))
+      out += [f"{page.relative_to(REPO)}: {name}" for name in have if have[name] != new[name]]
+  return out
+
+
+def main(argv: list[str]) -> int:
+  if "--check" in argv:
+    wrong = stale()
+    print("\n".join(wrong) or "every table agrees with its records")
+    return 1 if wrong else 0
+  for page in PAGES:
+    text = page.read_text()
+    new = render(text)
+    if new != text:
+      page.write_text(new)
+      print(f"{page.relative_to(REPO)}: updated")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""Scoring, translating, averaging and exporting trained runs."""

@@ -1,0 +1,75 @@
+"""Write the average of a run's last N checkpoints as a new workdir that evaluation reads like any other.
+
+    transformer-average --workdir=runs/base --last=5 --output=runs/base_avg5
+    transformer-eval --workdir=runs/base_avg5 --split=test
+
+The paper evaluates base models on the average of the last 5 checkpoints and big models on the last 20
+(written every 10 minutes). `transformer-eval --average_last=N` averages on the fly; this program
+stores the result once. The output workdir holds the run's config.json and vocab.model and one
+checkpoint at the last averaged step: the float32 mean of the parameters, with the last checkpoint's
+optimizer state and data position (so the format is the training one), and `average.json` saying
+which steps went in. Checkpoints are restored one at a time into a running sum.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+from pathlib import Path
+
+from absl import app, flags
+
+from transformer.cli import run_program
+from transformer.data import vocab as vocab_lib
+from transformer.errors import ConfigError
+from transformer.training import checkpoints
+from transformer.training.workdir import load_run
+
+FLAGS = flags.FLAGS
+AVERAGE_FILE = "average.json"
+
+
+def average_checkpoints(workdir: str, last: int, output: str, step: int | None = None) -> list[int]:
+  """Writes the mean of the last `last` checkpoints of `workdir` (up to `step`) to `output`."""
+  workdir, output = Path(workdir), Path(output)
+  if output.resolve() == workdir.resolve():
+    raise ConfigError("--output must be a new directory, not the training workdir")
+  if (output / checkpoints.CHECKPOINT_DIR).exists():
+    raise ConfigError(f"{output} already holds checkpoints; choose a new --output")
+  run = load_run(workdir, step, average_last=last, with_state=True)
+  state = run.state.replace(params=run.raw_params)
+  if run.ema_params is not None:  # the parameters and their moving average, each averaged
+    state = state.replace(ema_params=run.ema_params)
+  steps, data_state = run.steps, run.data_state
+  output.mkdir(parents=True, exist_ok=True)
+  for name in (checkpoints.CONFIG_FILE, vocab_lib.VOCAB_FILE):
+    shutil.copyfile(workdir / name, output / name)
+  with contextlib.closing(checkpoints.manager(output, keep=1)) as target:
+    checkpoints.save(target, steps[-1], state, data_state)
+    checkpoints.finish_saves(target)
+  (output / AVERAGE_FILE).write_text(json.dumps(
+      {"source_workdir": str(workdir.absolute()), "averaged_steps": steps}, indent=2) + "\n")
+  return steps
+
+
+def main(argv: list[str]) -> None:
+  if FLAGS.workdir is None or FLAGS.output is None:
+    raise app.UsageError("pass --workdir=DIR (a training workdir), --last=N and --output=NEW_DIR")
+  steps = average_checkpoints(FLAGS.workdir, FLAGS.last, FLAGS.output, FLAGS.step)
+  print(f"averaged steps {', '.join(map(str, steps))} of {FLAGS.workdir} into {FLAGS.output}; "
+        f"evaluate with: transformer-eval --workdir={FLAGS.output}")
+
+
+def run() -> None:
+  """Console-script entry point."""
+  flags.DEFINE_string("workdir", None, "Training workdir whose checkpoints to average.")
+  flags.DEFINE_integer("last", 5, "How many of the latest checkpoints to average (paper: 5 base, "
+                       "20 big).")
+  flags.DEFINE_integer("step", None, "Average the checkpoints up to this step (default: latest).")
+  flags.DEFINE_string("output", None, "New workdir to write the averaged checkpoint to.")
+  run_program("transformer-average", main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,211 @@
+"""Write a trained run in the format of an inference engine, so the engine serves it unchanged.
+
+    transformer-export --workdir=runs/m30k --format=ctranslate2 --output=runs/m30k/ctranslate2
+    transformer-export --workdir=runs/m30k --format=ctranslate2 --output=ct2_int8 --quantization=int8
+
+`--format=ctranslate2` writes a CTranslate2 model directory (OpenNMT's C++ engine, what people
+deploy Transformers with on CPUs and GPUs; `pip install -e '.[ctranslate2]'`) through its Python spec
+API: the same layers (post- or pre-LayerNorm, ReLU feed-forward, biases, epsilon 1e-6), the shared
+(or separate) embeddings scaled by sqrt(d_model), our interleaved sinusoids (or learned table) stored
+as a position table of `--max_positions` rows, the SentencePiece pieces as both vocabularies, and
+vocab.model beside them for tokenizing. Sources get EOS appended by the engine, as ours do. The
+moving average is exported where the run keeps one (as transformer-eval scores it), the raw
+parameters with --noema. docs/evaluating.md shows serving it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from absl import app, flags
+
+from transformer.cli import run_program
+from transformer.data import vocab as vocab_lib
+from transformer.errors import ConfigError
+from transformer.model import positions
+from transformer.model.transformer import ModelConfig
+from transformer.training.workdir import load_run
+
+FLAGS = flags.FLAGS
+FORMATS = ("ctranslate2",)
+QUANTIZATIONS = ("none", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
+                 "float16", "bfloat16")
+
+
+def _ctranslate2():
+  try:
+    import ctranslate2  # noqa: F401  (an optional extra)
+    from ctranslate2.specs import transformer_spec
+  except ImportError:
+    raise ConfigError("--format=ctranslate2 needs the ctranslate2 package: pip install -e "
+                      "'.[ctranslate2]'") from None
+  return transformer_spec
+
+
+def _layer(stack: dict[str, Any], i: int) -> dict[str, Any]:
+  """Layer i's parameters, unrolled ('layer_i') or scanned (stacked under 'layers')."""
+  if "layers" in stack:
+    return jax.tree.map(lambda x: x[i], stack["layers"])
+  return stack[f"layer_{i}"]
+
+
+def _linear(spec, dense: dict[str, np.ndarray]) -> None:
+  """A Dense layer (kernel [in, out]) as CTranslate2 stores it: weight [out, in], bias [out]."""
+  spec.weight = np.ascontiguousarray(dense["kernel"].T)
+  spec.bias = dense["bias"]
+
+
+def _projection(spec, *denses: dict[str, np.ndarray]) -> None:
+  """Head projections (kernel [D, H, K]) fused along their outputs: weight [sum H*K, D]."""
+  spec.weight = np.concatenate([d["kernel"].reshape(d["kernel"].shape[0], -1).T for d in denses])
+  spec.bias = np.concatenate([d["bias"].reshape(-1) for d in denses])
+
+
+def _output(spec, dense: dict[str, np.ndarray]) -> None:
+  """The attention output (kernel [H, K, D]) as weight [D, H*K]."""
+  kernel = dense["kernel"]
+  spec.weight = np.ascontiguousarray(kernel.reshape(-1, kernel.shape[-1]).T)
+  spec.bias = dense["bias"]
+
+
+def _norm(spec, norm: dict[str, np.ndarray]) -> None:
+  spec.gamma, spec.beta = norm["scale"], norm["bias"]
+
+
+def _attention(spec, params: dict[str, Any], norm: dict[str, np.ndarray], self_attention: bool
+               ) -> None:
+  _norm(spec.layer_norm, norm)
+  if self_attention:  # CTranslate2: [q; k; v] then out
+    _projection(spec.linear[0], params["query"], params["key"], params["value"])
+    _output(spec.linear[1], params["out"])
+  else:  # q, then [k; v] of the encoder output, then out
+    _projection(spec.linear[0], params["query"])
+    _projection(spec.linear[1], params["key"], params["value"])
+    _output(spec.linear[2], params["out"])
+
+
+def _feed_forward(spec, params: dict[str, Any], norm: dict[str, np.ndarray]) -> None:
+  _norm(spec.layer_norm, norm)
+  _linear(spec.linear_0, params["wi"])
+  _linear(spec.linear_1, params["wo"])
+
+
+def position_table(config: ModelConfig, stack: dict[str, Any], rows: int) -> np.ndarray:
+  """[rows, D] what the model adds at positions 0 .. rows-1: its sinusoids or its learned table."""
+  return positions.get(config.positional).table(config, stack, rows)
+
+
+def ctranslate2_spec(config: ModelConfig, params: Any, pieces: list[str], max_positions: int,
+                     quantization: str = "none"):
+  """The CTranslate2 TransformerSpec of a model with `params` and vocabulary `pieces`, checked and
+  with its weights stored as `quantization` says: ready to `save`."""
+  spec_lib = _ctranslate2()
+  if config.key_dim != config.value_dim:
+    raise ConfigError(f"CTranslate2 needs d_k = d_v; this model has {config.key_dim} and "
+                      f"{config.value_dim}")
+  longest = positions.get(config.positional).longest(config)
+  if longest is not None and max_positions > longest:
+    raise ConfigError(f"--max_positions={max_positions} is past the {config.positional} position "
+                      f"table ({longest} rows, config.model.max_len)")
+  params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
+  pre_norm = config.norm == "pre"
+  head_dim = config.key_dim if config.key_dim * config.num_heads != config.d_model else None
+  encoder = spec_lib.TransformerEncoderSpec(config.num_layers, config.num_heads, pre_norm=pre_norm,
+                                            head_dim=head_dim)
+  decoder = spec_lib.TransformerDecoderSpec(config.num_decoder_layers, config.num_heads,
+                                            pre_norm=pre_norm, head_dim=head_dim)
+  if config.share_embeddings:
+    source_embed = target_embed = output_embed = params["embed"]["embedding"]
+  else:
+    source_embed = params["source_embed"]["embedding"]
+    target_embed = params["target_embed"]["embedding"]
+    output_embed = params["decoder"]["output_embedding"]
+  for stack_spec, name, embedding in ((encoder, "encoder", source_embed),
+                                      (decoder, "decoder", target_embed)):
+    stack = params[name]
+    embeddings = stack_spec.embeddings[0] if name == "encoder" else stack_spec.embeddings
+    embeddings.weight = embedding
+    stack_spec.position_encodings.encodings = position_table(config, stack, max_positions)
+    if pre_norm:
+      _norm(stack_spec.layer_norm, stack["final_norm"])
+    for i, layer_spec in enumerate(stack_spec.layer):
+      layer = _layer(stack, i)
+      _attention(layer_spec.self_attention, layer["self_attention"], layer["self_attention_norm"],
+                 self_attention=True)
+      if name == "decoder":
+        _attention(layer_spec.attention, layer["cross_attention"], layer["cross_attention_norm"],
+                   self_attention=False)
+      _feed_forward(layer_spec.ffn, layer["ffn"], layer["ffn_norm"])
+  decoder.projection.weight = output_embed
+  spec = spec_lib.TransformerSpec(encoder, decoder)
+  spec.config.layer_norm_epsilon = 1e-6
+  spec.config.add_source_eos = True
+  spec.register_source_vocabulary(pieces)
+  spec.register_target_vocabulary(pieces)
+  spec.validate()
+  spec.optimize(quantization=None if quantization == "none" else quantization)
+  return spec
+
+
+def default_max_positions(cfg) -> int:
+  """Rows of the position table: the longest output our own search writes (source limit + the
+  output allowance), or the learned table."""
+  longest = positions.get(cfg.model.positional).longest(ModelConfig.from_config(cfg.model, cfg.data.vocab_size))
+  return longest if longest is not None else cfg.data.max_len + cfg.decode.max_extra_len
+
+
+def export_ctranslate2(workdir: str | Path, output: str | Path, step: int | None = None,
+                       average_last: int = 1, ema: bool = True, quantization: str = "none",
+                       max_positions: int | None = None) -> Path:
+  """Writes the run's checkpoint (or average) as a CTranslate2 model directory `output`."""
+  output = Path(output)
+  if output.exists() and any(output.iterdir()):
+    raise ConfigError(f"--output={output} exists and is not empty; choose a new directory")
+  _ctranslate2()
+  run = load_run(workdir, step, average_last)
+  pieces = [run.vocab.id_to_piece(i) for i in range(run.vocab.get_piece_size())]
+  spec = ctranslate2_spec(run.model.config, run.params(ema), pieces,
+                          max_positions or default_max_positions(run.config), quantization)
+  spec.register_file(str(Path(workdir) / vocab_lib.VOCAB_FILE))
+  staging = output.with_name(output.name + ".partial")
+  shutil.rmtree(staging, ignore_errors=True)
+  staging.mkdir(parents=True)
+  spec.save(str(staging))
+  if output.exists():
+    output.rmdir()  # empty, checked above
+  staging.replace(output)
+  return output
+
+
+def main(argv: list[str]) -> None:
+  if FLAGS.workdir is None or FLAGS.output is None:
+    raise app.UsageError("pass --workdir=DIR (a training workdir) and --output=NEW_DIR")
+  out = export_ctranslate2(FLAGS.workdir, FLAGS.output, FLAGS.step, FLAGS.average_last, FLAGS.ema,
+                           FLAGS.quantization, FLAGS.max_positions)
+  print(f"wrote a CTranslate2 model to {out}; serve it with ctranslate2.Translator('{out}') and "
+        f"tokenize with {out / vocab_lib.VOCAB_FILE} (docs/evaluating.md)")
+
+
+def run() -> None:
+  """Console-script entry point."""
+  flags.DEFINE_string("workdir", None, "Training workdir to export.")
+  flags.DEFINE_enum("format", "ctranslate2", list(FORMATS), "What to write.")
+  flags.DEFINE_string("output", None, "New directory to write the model to.")
+  flags.DEFINE_integer("step", None, "The checkpoint at this step (default: the latest).")
+  flags.DEFINE_integer("average_last", 1, "Export the mean of the last N checkpoints.")
+  flags.DEFINE_bool("ema", True, "Export the moving average of the parameters where the run keeps "
+                    "one (what transformer-eval scores first); --noema: the raw parameters.")
+  flags.DEFINE_enum("quantization", "none", list(QUANTIZATIONS), "Weights as CTranslate2 stores "
+                    "them (its compute_type at load time can differ).")
+  flags.DEFINE_integer("max_positions", None, "Rows of the stored position table: the longest "
+                       "output plus one the engine can write (default: config.data.max_len + "
+                       "config.decode.max_extra_len; the table's size for learned positions).")
+  run_program("transformer-export", main, compilation_cache=False)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,1 @@
+"""The Transformer itself: layers, attention, positional encodings, size and FLOPs."""

@@ -1,0 +1,88 @@
+"""Record folders: an experiment's tables, figures and commands copied into the repository
+(experiments/results/<name>/), with a README.md this module writes, so every record says how it was
+made: the command, the commit, the date, the JAX version, the CPU model and the wall time.
+
+A README's "## Notes" section (the analysis people write by hand) is kept when the record is
+rebuilt. Text files are copied with the absolute path of the working directory removed (paths in a record
+are relative to the repository, never to one machine).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from transformer.hardware import cpu_id
+
+log = logging.getLogger("transformer")
+TEXT_SUFFIXES = {".md", ".csv", ".sh", ".json", ".txt", ".jsonl"}
+
+
+def commit(record_folder: Path | None = None) -> str:
+  """The repository's commit, '+ uncommitted changes' when tracked files differ from it. Files in
+  `record_folder` do not count: recording rewrites them, and they are the record, not the code."""
+  def git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=False).stdout
+  head = git("rev-parse", "--short=12", "HEAD").strip()
+  if not head:
+    return "unknown (not a git checkout)"
+  changed = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]
+  if record_folder is not None:
+    top, folder = Path(git("rev-parse", "--show-toplevel").strip()), Path(record_folder).resolve()
+    if folder.is_relative_to(top):
+      changed = [path for path in changed if not Path(path).is_relative_to(folder.relative_to(top))]
+  return head + (" + uncommitted changes" if changed else "")
+
+
+def provenance(command: Sequence[str], wall_seconds: float,
+               record_folder: Path | None = None) -> list[str]:
+  """The README lines that say how a record was made."""
+  import jax  # the version, without making importing this module cost a JAX start-up
+  return [f"- command: `{shlex.join(command)}`",
+          f"- commit: {commit(record_folder)}",
+          f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+          f"- JAX {jax.__version__}, Python {platform.python_version()}, "
+          f"{jax.default_backend()} backend",
+          f"- CPU: {cpu_id()}",
+          f"- wall time: {wall_seconds / 60:.1f} min"]
+
+
+def _copy(path: Path, target: Path) -> None:
+  if path.suffix in TEXT_SUFFIXES:
+    text = path.read_text()
+    target.write_text(text.replace(str(Path.cwd().resolve()) + "/", ""))
+  else:
+    shutil.copy2(path, target)
+
+
+NOTES = "## Notes"  # a README's hand-written part, from this heading on, survives re-recording
+
+
+def _notes(readme: Path) -> str:
+  text = readme.read_text() if readme.is_file() else ""
+  return "\n" + text[text.index(NOTES):] if NOTES in text else ""
+
+
+def record(files: Sequence[Path], folder: Path, title: str, wall_seconds: float,
+           command: Sequence[str] | None = None) -> None:
+  """Copies the experiment's `files` that exist into `folder` and writes its README.md."""
+  folder.mkdir(parents=True, exist_ok=True)
+  copied = []
+  for path in files:
+    if path.is_file():
+      _copy(path, folder / path.name)
+      copied.append(path.name)
+  command = list(command) if command is not None else [Path(sys.argv[0]).name, *sys.argv[1:]]
+  readme = [f"# {title}", "", "Written by the recording tool (transformer/sweeps/records.py); "
+            "rerun the command to rebuild this folder.", "",
+            *provenance(command, wall_seconds, folder), "",
+            "Files: " + ", ".join(f"`{name}`" for name in sorted(copied)), ""]
+  (folder / "README.md").write_text("\n".join(readme) + _notes(folder / "README.md"))
+  log.info("Recorded %d files in %s", len(copied), folder)

@@ -1,0 +1,341 @@
+"""Collect an experiment's runs into results.csv, a Table-3-style results.md and two figures.
+
+Everything is read back from what the programs wrote in each workdir: config.json, the last
+checkpoint's step (where the checkpoints are gone, the last one metrics.jsonl records),
+metrics.jsonl ('eval' records for dev perplexity and the loss curve, 'train' records for training
+time, 'summary' for parameters, 'start' for the machine that trained it) and transformer-eval's
+JSON reports and translations: BLEU of the last checkpoint's parameters and, for runs that keep
+one, of their moving average; and beside every variant a paired bootstrap test against the first
+variant, seed by seed (transformer/sweeps/significance.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from transformer.errors import ConfigError
+from transformer.metrics import (
+  METRICS_FILE,
+  format_duration,
+  read_metrics,
+  training_clock,
+)
+from transformer.model.size import analytic_param_count
+from transformer.model.transformer import ModelConfig
+from transformer.sweeps import significance
+from transformer.sweeps.grids import Grid
+from transformer.training import checkpoints
+from transformer.visualisation import plot
+
+log = logging.getLogger("transformer")
+
+# Table 3's hyper-parameter columns: header -> how to read it from a run config.
+HYPER_COLUMNS = {
+    "N": lambda c, m: c.model.num_layers,
+    "d_model": lambda c, m: c.model.d_model,
+    "d_ff": lambda c, m: c.model.d_ff,
+    "h": lambda c, m: c.model.num_heads,
+    "d_k": lambda c, m: m.key_dim,
+    "d_v": lambda c, m: m.value_dim,
+    "P_drop": lambda c, m: c.model.dropout,
+    "ε_ls": lambda c, m: c.train.label_smoothing,
+    "positions": lambda c, m: c.model.positional,
+    "train steps": lambda c, m: c.train.steps,
+}
+
+
+def trained_steps(workdir: Path) -> int:
+  """The step of the run's last complete checkpoint (0 if none): a run is done at train.steps.
+
+  Orbax writes a checkpoint under a temporary name and renames it to its step when complete, so the
+  folders named by a number are the complete ones.
+  """
+  folder = workdir / checkpoints.CHECKPOINT_DIR
+  steps = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
+  return max(steps, default=0)
+
+
+def recorded_steps(workdir: Path) -> int:
+  """The last step whose checkpoint the run's metrics.jsonl records as saved (0 if none): what a
+  run restored from a record (its results without checkpoints) reached."""
+  return max((r["step"] for r in read_metrics(workdir, "checkpoint")), default=0)
+
+
+def trained_on(records: Sequence[dict[str, Any]]) -> str | None:
+  """The machine(s) that trained a run, from its metrics records' 'start' ones
+  (transformer.hardware), joined by ' + ' where a resumed run changed machines; None for runs from
+  before these records."""
+  labels = dict.fromkeys(r["machine"] for r in records if r["event"] == "start" and "machine" in r)
+  return " + ".join(labels) or None
+
+
+def other_machine(row: dict[str, Any]) -> bool:
+  """Whether a row's run and its base are known to have been trained on different machines."""
+  return bool(row.get("machine") and row.get("base_machine")
+              and row["machine"] != row["base_machine"])
+
+
+def _report(path: Path) -> dict[str, Any] | None:
+  return json.loads(path.read_text()) if path.is_file() else None
+
+
+def collect(runs: Sequence[Any]) -> list[dict[str, Any]]:
+  """One record per run (transformer.sweeps.run.Run): its settings and whatever results exist (None where
+  missing)."""
+  rows = []
+  for run in runs:
+    cfg = run.config
+    model = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
+    row: dict[str, Any] = {"variant": run.variant.name, "row": run.variant.row, "seed": run.seed,
+                           "workdir": str(run.workdir)}
+    row.update({name: read(cfg, model) for name, read in HYPER_COLUMNS.items()})
+    records = read_metrics(run.workdir)
+    summaries = [r for r in records if r["event"] == "summary"]
+    row["params"] = summaries[-1]["parameters"] if summaries else analytic_param_count(model)
+    row["machine"] = trained_on(records)
+    row["steps_done"] = trained_steps(run.workdir) or recorded_steps(run.workdir)  # or a restored run's
+    row["finished"] = row["steps_done"] >= cfg.train.steps
+    clock = training_clock([r for r in records if r["event"] == "train"])
+    row["train_sec"] = round(clock[-1] if clock else 0.0, 1)
+    evals = {r["step"]: r for r in records if r["event"] == "eval"}  # a resumed step: the last
+    final = evals.get(row["steps_done"])
+    row["dev_ppl"] = final["perplexity"] if final else None
+    eval_sec = 0.0
+    for name, evaluation in run.evals.items():
+      report, averaged = _report(evaluation.report), _report(evaluation.ema_report)
+      row[f"{name}_bleu"] = report["sacrebleu"]["bleu"] if report else None
+      row[f"{name}_ema_bleu"] = averaged["sacrebleu"]["bleu"] if averaged else None
+      row[f"{name}_tokenized_bleu"] = report["tokenized_bleu"]["bleu"] if report else None
+      row[f"{name}_lc_tok_bleu"] = (report.get("lc_tok_bleu") or {}).get("bleu") if report else None
+      eval_sec += sum(r["total_sec"] for r in (report, averaged) if r)
+    row["eval_sec"] = round(eval_sec, 1)
+    rows.append(row)
+  return rows
+
+
+def translations(report: Path) -> list[str] | None:
+  """The hypotheses transformer-eval wrote beside a report, one per line (None if missing)."""
+  path = report.with_suffix(".hyp.txt")
+  return path.read_text().split("\n")[:-1] if path.is_file() else None
+
+
+def read_pairs(path: Path, runs: Sequence[Any]) -> dict[tuple[str, int], Path]:
+  """A pairs file: JSON {"VARIANT/seedS": "BASE_WORKDIR", ...}, workdirs relative to the file's
+  folder: these runs are compared with that base run instead of the first row's run of their seed
+  (e.g. a base retrained on the machine that trained them: float32 training differs in the last
+  bits between CPUs, and with it a run's BLEU). Names that are no run of the grid, and base
+  workdirs that are missing, are errors."""
+  try:
+    entries = json.loads(path.read_text())
+  except (OSError, json.JSONDecodeError) as e:
+    raise ConfigError(f"cannot read the pairs file {path}: {e}") from None
+  if not isinstance(entries, dict) or not all(isinstance(v, str) for v in entries.values()):
+    raise ConfigError(f'{path} must be a JSON object {{"VARIANT/seedS": "BASE_WORKDIR", ...}}')
+  names = {f"{run.variant.name}/seed{run.seed}": (run.variant.name, run.seed) for run in runs}
+  pairs = {}
+  for name, workdir in entries.items():
+    if name not in names:
+      raise ConfigError(f"{path} pairs {name!r}, which is no run of this grid (runs are named "
+                        f"VARIANT/seedS, e.g. {next(iter(names), 'base/seed0')})")
+    base = path.parent / workdir
+    if not base.is_dir():
+      raise ConfigError(f"{path} pairs {name} with {workdir}, which is not a folder ({base})")
+    pairs[names[name]] = base
+  return pairs
+
+
+def add_significance(rows: list[dict[str, Any]], runs: Sequence[Any],
+                     references: dict[str, Sequence[str]],
+                     pairs: dict[tuple[str, int], Path] | None = None) -> None:
+  """row['<set>_p']: the paired bootstrap p-value of each run against the first variant's run of
+  the same seed on that test set (the moving average's translations where both runs have them),
+  for the sets in `references`, and row['<set>_delta']: the BLEU difference it tests; None for the
+  first variant and where either run lacks the report or its translations. `pairs` (read_pairs)
+  names another base run for some runs: its reports of the same names are compared instead
+  (row['paired_with'])."""
+  by_key = {(run.variant.name, run.seed): run for run in runs}
+  first = runs[0].variant.name if runs else None
+  pairs = pairs or {}
+  for row, run in zip(rows, runs):
+    other = pairs.get((run.variant.name, run.seed))
+    baseline = by_key.get((first, run.seed))
+    row["paired_with"] = str(other) if other else None
+    base_dir = other or (baseline.workdir if baseline is not None and baseline is not run else None)
+    row["base_machine"] = trained_on(read_metrics(base_dir, "start")) if base_dir else None
+    if other_machine(row):
+      log.warning("%s/seed%d was trained on %s, its base %s on %s: float32 training differs "
+                  "between machines, so its Δ and p include that difference; pair it with a base "
+                  "trained on its machine (--pairs)", run.variant.name, run.seed, row["machine"],
+                  base_dir, row["base_machine"])
+    for name, refs in references.items():
+      row[f"{name}_p"] = row[f"{name}_delta"] = None
+      if name not in run.evals or base_dir is None:
+        continue
+      mine = run.evals[name]
+      theirs = ((other / mine.report.relative_to(run.workdir),
+                 other / mine.ema_report.relative_to(run.workdir)) if other else
+                (baseline.evals[name].report, baseline.evals[name].ema_report))
+      both_ema = mine.ema_report.is_file() and theirs[1].is_file()
+      mine, theirs = (mine.ema_report, theirs[1]) if both_ema else (mine.report, theirs[0])
+      if not (mine.is_file() and theirs.is_file()):
+        if mine.is_file():
+          log.warning("%s/seed%d: its base has no %s, so its Δ and p on %s are left blank "
+                      "(evaluate the base with the same settings)", run.variant.name, run.seed,
+                      theirs, name)
+        continue
+      row[f"{name}_delta"] = (_report(mine)["sacrebleu"]["bleu"]
+                              - _report(theirs)["sacrebleu"]["bleu"])
+      hyps, base_hyps = translations(mine), translations(theirs)
+      if hyps is not None and base_hyps is not None:
+        row[f"{name}_p"] = significance.paired_bootstrap(base_hyps, hyps, refs)
+
+
+def mean_std(values: Sequence[float | None]) -> tuple[float, float, int] | None:
+  """Mean, sample standard deviation (0 for one value) and count of the values present."""
+  present = [v for v in values if v is not None]
+  if not present:
+    return None
+  std = statistics.stdev(present) if len(present) > 1 else 0.0
+  return statistics.fmean(present), std, len(present)
+
+
+def format_mean_std(values: Sequence[float | None], digits: int = 2) -> str:
+  summary = mean_std(values)
+  if summary is None:
+    return "–"
+  mean, std, n = summary
+  return f"{mean:.{digits}f}" if n == 1 else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def metric_columns(test_set_names: Sequence[str], rows: Sequence[dict[str, Any]] = ()
+                   ) -> dict[str, str]:
+  """Result columns of the table: header -> row key. The moving average's BLEU where some run has
+  it, for the dev set and each test set."""
+  columns = {"PPL (dev)": "dev_ppl"}
+  for name in ["dev", *test_set_names]:
+    columns[f"BLEU ({name})"] = f"{name}_bleu"
+    if any(r.get(f"{name}_ema_bleu") is not None for r in rows):
+      columns[f"BLEU ({name}, EMA)"] = f"{name}_ema_bleu"
+  return columns
+
+
+def format_difference(values: Sequence[float | None]) -> str:
+  """Signed mean (± sample standard deviation over seeds) of per-seed differences, '–' if none."""
+  summary = mean_std(values)
+  if summary is None:
+    return "–"
+  mean, std, n = summary
+  return f"{mean:+.2f}" if n == 1 else f"{mean:+.2f} ± {std:.2f}"
+
+
+def format_p_values(values: Sequence[float | None]) -> str:
+  """Each seed's p-value, in seed order ('–' where there is none)."""
+  shown = [f"{p:.3f}" for p in values if p is not None]
+  return " / ".join(shown) if shown else "–"
+
+
+def markdown_table(rows: list[dict[str, Any]], grid: Grid) -> str:
+  """Rows = variants, Table 3's columns; hyper-parameters equal to the first variant's left blank."""
+  metrics = metric_columns(grid.test_sets, rows)
+  tested = [name for name in ["dev", *grid.test_sets] if any(f"{name}_p" in r for r in rows)]
+  first = grid.variants[0].name
+  compared = [h for name in tested for h in (f"Δ vs {first} ({name})", f"p vs {first} ({name})")]
+  headers = ["", "variant", *HYPER_COLUMNS, *metrics, *compared, "params ×10⁶", "train min",
+             "seeds"]
+  lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+  reference = None
+  previous_row_label = None
+  for variant in grid.variants:
+    mine = [r for r in rows if r["variant"] == variant.name]
+    first = mine[0]
+    hyper = [first[name] for name in HYPER_COLUMNS]
+    shown = hyper if reference is None else ["" if h == r else h for h, r in zip(hyper, reference)]
+    reference = reference or hyper
+    label = variant.row if variant.row != previous_row_label else ""
+    previous_row_label = variant.row
+    finished = [r for r in mine if r["finished"]]
+    cells = [label, variant.name, *map(str, shown)]
+    cells += [format_mean_std([r[key] for r in finished]) for key in metrics.values()]
+    for name in tested:
+      cells += [format_difference([r.get(f"{name}_delta") for r in finished]),
+                format_p_values([r.get(f"{name}_p") for r in finished])]
+    cells += [f"{first['params'] / 1e6:.3g}",
+              format_mean_std([r["train_sec"] / 60 for r in finished], digits=1),
+              f"{len(finished)}/{len(mine)}"]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0) -> list[Path]:
+  """results.csv, results.md, curves.png and bleu.png in `root`, for the evaluations with at least
+  `min_len` tokens per translation (transformer-eval --min_len). Workdirs in results.csv are
+  relative to `root`, so the file means the same wherever it is copied with its runs' folder."""
+  root.mkdir(parents=True, exist_ok=True)
+  csv_path = root / "results.csv"
+  fields = list(rows[0])
+  with csv_path.open("w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows({**r, "workdir": os.path.relpath(Path(r["workdir"]).resolve(), root.resolve())}
+                     for r in rows)
+  paired = [f"{r['variant']} seed {r['seed']} with `{r['paired_with']}`"
+            for r in rows if r.get("paired_with")]
+  elsewhere = [f"{r['variant']} seed {r['seed']} ({r['machine']}; its base: {r['base_machine']})"
+               for r in rows if other_machine(r)]
+
+  finished = [r for r in rows if r["finished"]]
+  train_sec = sum(r["train_sec"] for r in rows)
+  eval_sec = sum(r["eval_sec"] for r in rows)
+  md = [f"# Experiment `{grid.name}`", "",
+        markdown_table(rows, grid), "",
+        f"{len(finished)} of {len(rows)} runs finished. Mean ± sample standard deviation over seeds; "
+        "PPL is the dev perplexity per target subword token at the last step (teacher-forced); BLEU "
+        "is sacreBLEU from transformer-eval (beam search, the config's decode settings"
+        + (f" with --min_len={min_len}: no translation shorter than {min_len} token(s)" if min_len
+           else "") + ") on the last "
+        "checkpoint (EMA: the same checkpoint's moving average of the parameters). 'Δ vs' is each "
+        "seed's BLEU minus the same seed's first-row BLEU (the moving average's where both have "
+        "one), averaged over seeds (± their spread); 'p vs' is the paired bootstrap p-value "
+        "(sacreBLEU, 1,000 resamples of the sentences) of each seed's run against the same seed "
+        "of the first row, on the moving average's translations where both "
+        "have them: below 0.05, that seed's difference is unlikely to be luck of the test sentences "
+        "(the seed-to-seed spread is the ± beside the means). 'train min' is the wall-clock training "
+        "time per run (compilation and checkpoints included; noisy on a shared machine). Blank "
+        "hyper-parameters equal the first row's.",
+        f"Compute: training {format_duration(train_sec)}, evaluation {format_duration(eval_sec)} "
+        "(sum over runs of their wall clock: time a run was paused or shared the machine "
+        "counts).", ""]
+  if paired:
+    md[-1:-1] = ["Paired with another base run instead of the first row's run of their seed "
+                 "(transformer-experiment --pairs): " + "; ".join(paired) + ".", ""]
+  if elsewhere:
+    md[-1:-1] = ["Compared with a base trained on another machine (float32 training differs "
+                 "between machines; their Δ and p include that difference): "
+                 + "; ".join(elsewhere) + ".", ""]
+  (root / "results.md").write_text("\n".join(md))
+
+  workdirs = {v.name: [r["workdir"] for r in rows if r["variant"] == v.name
+                      and Path(r["workdir"], METRICS_FILE).is_file()] for v in grid.variants}
+  if any(workdirs.values()):
+    plot.compare_runs({name: dirs for name, dirs in workdirs.items() if dirs}, root / "curves.png",
+                      title=f"{grid.name}: training curves (thin: seeds, thick: their mean)",
+                      min_len=min_len)
+  bleu = {}
+  bars = {label: key for label, key in metric_columns(grid.test_sets, rows).items()
+          if label.startswith("BLEU")}  # 'BLEU (dev)', 'BLEU (dev, EMA)', ... -> row key
+  for variant in grid.variants:
+    bleu[variant.name] = {label[len("BLEU ("):-1]: [r[key] for r in finished
+                                                   if r["variant"] == variant.name
+                                                   and r[key] is not None]
+                          for label, key in bars.items()}
+  plot.bars_with_error(bleu, root / "bleu.png", ylabel="sacreBLEU",
+                       title=f"{grid.name}: BLEU (mean ± std over seeds)")
+  return [p for p in (csv_path, root / "results.md", root / "curves.png", root / "bleu.png")
+          if p.exists()]

@@ -1,0 +1,360 @@
+"""Run an experiment grid: train and evaluate every variant and seed, then tabulate and plot.
+
+    transformer-experiment positional --base=configs/multi30k.py --seeds=3
+    transformer-experiment table3 --base=configs/multi30k.py --base.train.steps=1200 --seeds=1
+    transformer-experiment my_grid.py --base=configs/wmt14_ende.py:base --print_commands
+
+Every run (variant x seed) is its own workdir, ROOT/<variant>/seed<k>, trained with transformer-train
+and scored with transformer-eval (the evaluation program, on the base config's dev split and on the
+grid's extra test sets). Runs go one after the other, seed by seed, so a partial experiment stays
+balanced. A run whose last checkpoint reached train.steps is not trained again, an interrupted one
+resumes from its last checkpoint, and an evaluation whose report exists is not repeated: re-running
+the same command picks up where it stopped. `--print_commands` prints one shell line per run instead,
+for a cluster scheduler; once they have finished, the same command without it collects the results.
+With `--record=DIR` every finished run's results (config, metrics and evaluation reports with their
+translations; not its checkpoints) are also kept in DIR/runs/<variant>/seed<k>/, and a run whose
+results are kept there is restored from them instead of trained again: a grid that takes many
+machines or days resumes from the committed record on a fresh checkout.
+
+Output in ROOT: results.csv (one row per run), results.md (the paper's Table 3 layout, mean ± std over
+seeds), curves.png, bleu.png and commands.sh (every run's command line); `--record=DIR` copies them
+(and the extra test sets' descriptions) to DIR, e.g. experiments/results/<name>/.
+`--base.KEY=VALUE` overrides the base config for every variant; `--only=A,B` runs those variants
+(and the first row) only, e.g. a third seed where two disagree (`--seeds=3 --only=A-h8`).
+`--min_len=N` scores the same checkpoints with a minimum output length (reports `_min<N>`, tables in
+ROOT/min_len<N>/).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import ml_collections
+from absl import app, flags
+from ml_collections import config_flags
+
+from transformer.cli import run_program
+from transformer.config import ConfigError, validate
+from transformer.data import sources
+from transformer.evaluation import evaluate
+from transformer.metrics import METRICS_FILE, format_duration
+from transformer.sweeps import records, results, test_sets
+from transformer.sweeps.grids import Grid, Variant, load_grid
+
+FLAGS = flags.FLAGS
+log = logging.getLogger("transformer")
+
+
+class Evaluation(NamedTuple):
+  """One transformer-eval command and the reports it writes: the raw parameters' and, where the run
+  kept a moving average, the average's."""
+  report: Path
+  ema_report: Path
+  command: list[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One training run of the grid and the commands that produce its results."""
+  variant: Variant
+  seed: int
+  workdir: Path
+  config: ml_collections.ConfigDict
+  train: list[str]
+  evals: dict[str, Evaluation]  # test set ('dev', 'long', ...) -> its evaluation
+
+  @property
+  def label(self) -> str:
+    return f"{self.variant.name} seed {self.seed}"
+
+
+def variant_config(base: ml_collections.ConfigDict, variant: Variant, seed: int
+                   ) -> ml_collections.ConfigDict:
+  """The base config with the variant's overrides and the seed, validated (errors name the variant)."""
+  cfg = ml_collections.ConfigDict(base.to_dict())
+  cfg.lock()  # a misspelt key is an error, not a new key
+  try:
+    cfg.update_from_flattened_dict({**variant.overrides, "seed": seed})
+  except (KeyError, AttributeError) as e:
+    raise ConfigError(f"variant {variant.name}: unknown config key {e}; every key is listed in "
+                      "transformer/config.py") from None
+  try:
+    return validate(cfg)
+  except ConfigError as e:
+    raise ConfigError(f"variant {variant.name}: {e}") from None
+
+
+def flag_value(value) -> str:
+  """A config value as ml_collections parses it from --config.KEY=VALUE."""
+  return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def evaluation(workdir: Path, step: int, test_set: str, args: list[str], min_len: int = 0
+               ) -> Evaluation:
+  """transformer-eval of the run's step on one test set (its flags in `args`) and its reports
+  (`min_len`: the minimum output length the search will use, which names them)."""
+  return Evaluation(evaluate.report_path(workdir, test_set, step, min_len=min_len),
+                    evaluate.report_path(workdir, test_set, step, ema=True, min_len=min_len),
+                    ["transformer-eval", f"--workdir={workdir}", f"--step={step}", *args])
+
+
+def plan(grid: Grid, base: ml_collections.ConfigDict, base_args: list[str], seeds: list[int],
+         root: Path, test_set_files: dict[str, dict], min_len: int | None = None) -> list[Run]:
+  """Every run of the grid, seed-major, with its workdir and commands; `min_len` (None: the
+  config's) is passed to every evaluation."""
+  runs = []
+  for seed in seeds:
+    for variant in grid.variants:
+      cfg = variant_config(base, variant, seed)
+      workdir = root / variant.name / f"seed{seed}"
+      overrides = [f"--config.{k}={flag_value(v)}" for k, v in variant.overrides.items()]
+      train = ["transformer-train", *base_args, *overrides, f"--config.seed={seed}",
+               f"--workdir={workdir}"]
+      step = cfg.train.steps
+      split = cfg.data.eval_split
+      search = [] if min_len is None else [f"--min_len={min_len}"]
+      shortest = cfg.decode.min_len if min_len is None else min_len
+      evals = {"dev": evaluation(workdir, step, split, [f"--split={split}", *search], shortest)}
+      for name, files in test_set_files.items():
+        evals[name] = evaluation(workdir, step, evaluate.test_set_name(None, files["source_file"]),
+                                 [f"--source_file={files['source_file']}",
+                                  f"--reference_file={files['reference_file']}", *search],
+                                 shortest)
+      runs.append(Run(variant, seed, workdir, cfg, train, evals))
+  return runs
+
+
+def selected(runs: list[Run], grid: Grid, names: list[str] | None) -> list[Run]:
+  """The runs of the variants `names` (None: all) and always of the grid's first row, whose same
+  seed every 'Δ vs' pairs with: e.g. a third seed for the variants two seeds left unsettled."""
+  if not names:
+    return runs
+  known = [v.name for v in grid.variants]
+  unknown = [n for n in names if n not in known]
+  if unknown:
+    raise ConfigError(f"--only: no variant {', '.join(unknown)} in grid {grid.name}; its variants "
+                      f"are {', '.join(known)}")
+  wanted = {known[0], *names}
+  return [run for run in runs if run.variant.name in wanted]
+
+
+# A finished run's results without its checkpoints (kilobytes, not gigabytes): what collecting the
+# tables reads from a workdir.
+KEPT_FILES = ("config.json", METRICS_FILE, "eval/*.json", "eval/*.hyp.txt")
+
+
+def missing(run: Run) -> list[str]:
+  """The names of the run's evaluation reports that do not exist yet."""
+  return [e.report.name for e in run.evals.values() if not e.report.is_file()]
+
+
+def evaluated(run: Run) -> bool:
+  """Whether every evaluation report of the run exists (its checkpoints may be gone)."""
+  return not missing(run)
+
+
+def kept_folder(run: Run, record: Path) -> Path:
+  return record / "runs" / run.variant.name / f"seed{run.seed}"
+
+
+def keep_results(run: Run, record: Path) -> None:
+  """Copies the run's KEPT_FILES into the record, where a fresh checkout finds them."""
+  for pattern in KEPT_FILES:
+    for path in run.workdir.glob(pattern):
+      target = kept_folder(run, record) / path.relative_to(run.workdir)
+      target.parent.mkdir(parents=True, exist_ok=True)
+      shutil.copy2(path, target)
+
+
+def restore_results(runs: list[Run], record: Path) -> int:
+  """Copies kept results back into the workdir of every run not evaluated there (replacing what
+  an unfinished attempt left); returns how many runs are evaluated thanks to them."""
+  restored = 0
+  for run in runs:
+    kept = kept_folder(run, record)
+    if evaluated(run) or not kept.is_dir():
+      continue
+    for path in kept.rglob("*"):
+      if path.is_file():
+        target = run.workdir / path.relative_to(kept)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    restored += evaluated(run)
+  return restored
+
+
+# The console scripts the printed commands use, and the modules this Python runs for them (the same
+# programs, without depending on where pip put the scripts).
+PROGRAMS = {"transformer-train": "transformer.training.train", "transformer-eval": "transformer.evaluation.evaluate"}
+
+
+def execute(command: list[str], log_file: Path) -> int:
+  """Runs one command with its output appended to `log_file`; returns the exit status."""
+  log_file.parent.mkdir(parents=True, exist_ok=True)
+  with log_file.open("a") as out:
+    out.write(f"$ {shlex.join(command)}\n")
+    out.flush()
+    argv = [sys.executable, "-m", PROGRAMS[command[0]], *command[1:]]
+    return subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+
+
+def run_all(runs: list[Run], record: Path | None = None) -> list[str]:
+  """Trains and evaluates what is not done yet, keeping each finished run's results in `record`
+  (if given); returns one line per failed run."""
+  failures = []
+  for i, run in enumerate(runs, 1):
+    prefix = f"[{i}/{len(runs)}] {run.label}"
+    if evaluated(run):
+      log.info("%s: evaluated already, skipping training and evaluation", prefix)
+      if record:
+        keep_results(run, record)
+      continue
+    done = results.trained_steps(run.workdir)
+    if done < run.config.train.steps <= results.recorded_steps(run.workdir):
+      failures.append(f"{run.label}: its results were restored from the record without checkpoints, "
+                      f"so it cannot be evaluated again ({', '.join(missing(run))}); evaluate it on "
+                      f"the machine that trained it, or delete {run.workdir} to train it again")
+      log.error("%s", failures[-1])
+      continue
+    if done >= run.config.train.steps:
+      log.info("%s: trained (step %d), skipping training", prefix, done)
+    else:
+      what = f"resuming from step {done}" if done else "training"
+      log.info("%s: %s to step %d (log: %s)", prefix, what, run.config.train.steps,
+               run.workdir / "train.log")
+      t = time.time()
+      status = execute(run.train, run.workdir / "train.log")
+      if status != 0:
+        failures.append(f"{run.label}: transformer-train exited with {status}; see "
+                        f"{run.workdir / 'train.log'}")
+        log.error("%s", failures[-1])
+        continue
+      log.info("%s: trained in %s", prefix, format_duration(time.time() - t))
+    for report, _, command in run.evals.values():
+      if report.is_file():
+        continue
+      log.info("%s: evaluating -> %s", prefix, report.name)
+      status = execute(command, run.workdir / "eval.log")
+      if status != 0:
+        failures.append(f"{run.label}: {shlex.join(command)} exited with {status}; see "
+                        f"{run.workdir / 'eval.log'}")
+        log.error("%s", failures[-1])
+        break
+    else:
+      if record:
+        keep_results(run, record)
+  return failures
+
+
+def command_lines(runs: list[Run]) -> list[str]:
+  """One shell line per run: its training, then its evaluations."""
+  return [" && ".join(shlex.join(c) for c in [run.train] + [e.command for e in run.evals.values()])
+          for run in runs]
+
+
+def base_arguments(argv: list[str]) -> list[str]:
+  """transformer-train's --config flags for the runner's --base and --base.KEY=VALUE flags."""
+  args = []
+  for i, arg in enumerate(argv):
+    if arg.startswith("--base=") or arg.startswith("--base."):
+      args.append("--config" + arg[len("--base"):])
+    elif arg == "--base" and i + 1 < len(argv):
+      args.append(f"--config={argv[i + 1]}")
+  return args
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) != 2:
+    raise app.UsageError("pass one grid: a built-in name (table3, positional) or a grid .py file")
+  if FLAGS.base is None:
+    raise app.UsageError("pass --base=configs/multi30k.py (the config every variant changes)")
+  if FLAGS.seeds < 1:
+    raise app.UsageError(f"--seeds must be at least 1, got {FLAGS.seeds}")
+  if FLAGS.min_len is not None and FLAGS.min_len < 0:
+    raise app.UsageError(f"--min_len must be >= 0 (0 = an empty translation is allowed), got "
+                         f"{FLAGS.min_len}")
+  started = time.time()
+  grid = load_grid(argv[1])
+  root = Path(FLAGS.root or f"runs/experiments/{grid.name}")
+  seeds = list(range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.seeds))
+  base = validate(FLAGS.base)
+  for variant in grid.variants:  # every variant checked before anything runs
+    variant_config(base, variant, seeds[0])
+  files = {name: test_sets.build(name, base, seeds[0], root / "test_sets")
+           for name in grid.test_sets}
+  runs = plan(grid, base, base_arguments(sys.argv), seeds, root, files, FLAGS.min_len)
+  to_run = selected(runs, grid, FLAGS.only)
+  pairs = results.read_pairs(Path(FLAGS.pairs), runs) if FLAGS.pairs else None
+  tables = root if FLAGS.min_len is None else root / f"min_len{FLAGS.min_len}"
+  if FLAGS.print_commands:
+    print("\n".join(command_lines(to_run)))
+    return
+  log.info("Experiment %s: %d variants x %d seeds = %d runs in %s", grid.name, len(grid.variants),
+           len(seeds), len(runs), root)
+  if FLAGS.only:
+    log.info("--only: running %d of them (%s and the first row); the tables show every run found",
+             len(to_run), ", ".join(FLAGS.only))
+  record = Path(FLAGS.record) if FLAGS.record else None
+  if record and (restored := restore_results(runs, record)):
+    log.info("Restored %d finished runs from %s (results only: their checkpoints are not kept)",
+             restored, record / "runs")
+  failures = [] if FLAGS.collect_only else run_all(to_run, record)
+  if record and FLAGS.collect_only:
+    for run in filter(evaluated, runs):
+      keep_results(run, record)
+  table = results.collect(runs)
+  references = {"dev": sources.load_split(base.data, base.data.eval_split).target}
+  references.update({name: sources.read_lines(f["reference_file"]) for name, f in files.items()})
+  results.add_significance(table, runs, references, pairs)
+  written = results.write(table, grid, tables,
+                          base.decode.min_len if FLAGS.min_len is None else FLAGS.min_len)
+  commands = tables / "commands.sh"
+  commands.write_text(f"# {grid.name}: every run's commands (train && evaluate), one line each\n"
+                      + "\n".join(command_lines(runs)) + "\n")
+  written.append(commands)
+  written += [root / "test_sets" / f"{name}.json" for name in files]  # as test_sets.build stores them
+  log.info("Wrote %s", ", ".join(str(p) for p in written))
+  if record:
+    records.record(written, record, f"Experiment `{grid.name}`",
+                   time.time() - started, ["transformer-experiment", *sys.argv[1:]])
+  print((tables / "results.md").read_text())
+  if failures:
+    sys.exit("transformer-experiment: error: some runs failed:\n  " + "\n  ".join(failures))
+
+
+def run() -> None:
+  config_flags.DEFINE_config_file("base", None, "The config every variant changes, e.g. "
+                                  "configs/multi30k.py; --base.KEY=VALUE overrides it for all.")
+  flags.DEFINE_integer("seeds", 3, "Seeds per variant (config.seed = first_seed, first_seed + 1, ...).")
+  flags.DEFINE_integer("first_seed", 0, "The first seed.")
+  flags.DEFINE_string("root", None, "Experiment folder (default runs/experiments/<grid name>).")
+  flags.DEFINE_bool("print_commands", False, "Print one shell line per run (train, then evaluate) "
+                    "for a scheduler, and exit.")
+  flags.DEFINE_bool("collect_only", False, "Only tabulate and plot the runs found in the folder.")
+  flags.DEFINE_list("only", None, "Train and evaluate only these variants (and the first row, "
+                    "which 'Δ vs' pairs with), e.g. --seeds=3 --only=A-h8 for a third seed where "
+                    "two disagree; the tables still show every run of the grid found.")
+  flags.DEFINE_string("pairs", None, "A JSON file {\"VARIANT/seedS\": \"BASE_WORKDIR\"} (paths "
+                      "relative to it): compare those runs with that base run instead of the first "
+                      "row's of their seed, e.g. a base retrained on the machine that trained them "
+                      "(float32 training differs in the last bits between CPUs).")
+  flags.DEFINE_integer("min_len", None, "Evaluate with transformer-eval --min_len=N (at least N "
+                       "tokens per translation; 1 rules out the empty one) instead of the config's "
+                       "search; the tables go to ROOT/min_len<N>/, beside the default search's.")
+  flags.DEFINE_string("record", None, "Also copy the tables, plots, commands and test-set "
+                      "descriptions here, e.g. experiments/results/<name> (the repository's record), "
+                      "and keep every finished run's results in its runs/ folder (restored from "
+                      "there on a fresh checkout instead of trained again).")
+  run_program("transformer-experiment", main, takes_arguments=True)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,127 @@
+"""Extra test sets a grid can ask for, written once per experiment as plain parallel text files.
+
+'long' tests the paper's argument for sinusoids (Section 3.5: they "may allow the model to extrapolate
+to sequence lengths longer than the ones encountered during training"): consecutive sentence pairs of
+the dev split are joined into one sentence each side (", and" / ", und"), until the joined source is
+longer (in subword tokens, EOS included) than the longest source the training run keeps. Every long
+source is then beyond every position a learned table was trained on. Joined sources longer than
+`data.max_len` are left out, since evaluation truncates there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+import numpy as np
+import sentencepiece as spm
+
+from transformer.data import sources
+from transformer.data import vocab as vocab_lib
+from transformer.errors import ConfigError
+
+log = logging.getLogger("transformer")
+READ_CHUNK = 50_000  # training pairs read and tokenized at a time (WMT has millions)
+
+
+def longest_training_source(cfg: ml_collections.ConfigDict, vocab: spm.SentencePieceProcessor) -> int:
+  """Tokens (with EOS) of the longest training source that training keeps (<= data.max_len)."""
+  train = sources.open_split(cfg.data, cfg.data.train_split)
+  longest = 0
+  for start in range(0, len(train), READ_CHUNK):
+    source, _ = train.read(range(start, min(start + READ_CHUNK, len(train))))
+    lengths = [len(ids) + 1 for ids in vocab.encode(source)]
+    longest = max([longest] + [n for n in lengths if n <= cfg.data.max_len])
+  return longest
+
+
+# Clauses are joined into one sentence with a comma and the language's "and": joined with plain
+# spaces, a model trained on single sentences translates the first and stops, and the set would measure
+# that rather than positions.
+CONJUNCTIONS = {"en": "and", "de": "und", "fr": "et", "cs": "a", "es": "y", "it": "e", "ro": "și"}
+
+
+def join_clauses(parts: list[str], lang: str) -> str:
+  """'A man sits.' + 'A dog runs.' -> 'A man sits, and a dog runs.': final punctuation of all but the
+  last part dropped; later parts lower-cased at their first letter, except in German (nouns)."""
+  conjunction = CONJUNCTIONS.get(lang)
+  if conjunction is None:
+    return " ".join(p.strip() for p in parts)
+  clauses = [p.strip() for p in parts]
+  clauses = [c.rstrip(".!?;,").rstrip() for c in clauses[:-1]] + clauses[-1:]
+  if lang != "de":
+    clauses = clauses[:1] + [c[:1].lower() + c[1:] for c in clauses[1:]]
+  return f", {conjunction} ".join(clauses)
+
+
+def join_until_longer(source: list[str], target: list[str], vocab: spm.SentencePieceProcessor,
+                      longer_than: int, max_len: int, src_lang: str = "",
+                      tgt_lang: str = "") -> tuple[list[str], list[str]]:
+  """Joins consecutive pairs until the source exceeds `longer_than` tokens; drops those over max_len."""
+  long_source, long_target = [], []
+  parts_src: list[str] = []
+  parts_tgt: list[str] = []
+  for s, t in zip(source, target):
+    parts_src.append(s)
+    parts_tgt.append(t)
+    joined = join_clauses(parts_src, src_lang)
+    length = len(vocab.encode(joined)) + 1
+    if length > longer_than:
+      if length <= max_len:
+        long_source.append(joined)
+        long_target.append(join_clauses(parts_tgt, tgt_lang))
+      parts_src, parts_tgt = [], []
+  return long_source, long_target
+
+
+def long_sentences(cfg: ml_collections.ConfigDict, vocab: spm.SentencePieceProcessor,
+                   out_dir: Path) -> dict[str, Any]:
+  """Writes out_dir/long.{src,tgt} and long.json; returns the description stored there."""
+  longest = longest_training_source(cfg, vocab)
+  if longest >= cfg.data.max_len:
+    raise ConfigError(f"training keeps sources up to config.data.max_len = {cfg.data.max_len} tokens, "
+                     "so a longer test sentence would be truncated at evaluation; lower data.max_len "
+                     "(e.g. --base.data.max_len=64) to test length extrapolation")
+  dev = sources.load_split(cfg.data, cfg.data.eval_split)
+  source, target = join_until_longer(dev.source, dev.target, vocab, longest, cfg.data.max_len,
+                                     cfg.data.src_lang, cfg.data.tgt_lang)
+  if not source:
+    raise ConfigError(f"no joined dev sentences fit between {longest} and {cfg.data.max_len} tokens")
+  lengths = np.array([len(ids) + 1 for ids in vocab.encode(source)])
+  info = {"name": "long", "how": "consecutive dev pairs joined into one sentence (', and' / ', und') "
+                                 "until the source is longer than the longest training source",
+          "dev_split": cfg.data.eval_split, "longest_training_source_tokens": longest,
+          "sentences": len(source), "source_tokens_min": int(lengths.min()),
+          "source_tokens_mean": round(float(lengths.mean()), 1),
+          "source_tokens_max": int(lengths.max()),
+          "source_file": str(out_dir / f"long.{cfg.data.src_lang}"),
+          "reference_file": str(out_dir / f"long.{cfg.data.tgt_lang}")}
+  out_dir.mkdir(parents=True, exist_ok=True)
+  Path(info["source_file"]).write_text("".join(s + "\n" for s in source), encoding="utf-8")
+  Path(info["reference_file"]).write_text("".join(t + "\n" for t in target), encoding="utf-8")
+  (out_dir / "long.json").write_text(json.dumps(info, indent=2) + "\n")
+  log.info("Test set 'long': %d sentences of %d-%d source tokens (longest in training: %d)",
+           len(source), info["source_tokens_min"], info["source_tokens_max"], longest)
+  return info
+
+
+BUILDERS: dict[str, Callable[..., dict[str, Any]]] = {"long": long_sentences}
+
+
+def build(name: str, cfg: ml_collections.ConfigDict, seed: int, out_dir: Path) -> dict[str, Any]:
+  """The test set `name` for runs of `cfg`, built once: read from out_dir/<name>.json if there.
+
+  The vocabulary is the one training builds and caches for this dataset and `seed`.
+  """
+  if name not in BUILDERS:
+    raise ConfigError(f"unknown test set {name!r}; known: {', '.join(BUILDERS)}")
+  described = out_dir / f"{name}.json"
+  if described.is_file():
+    return json.loads(described.read_text())
+  train = sources.open_split(cfg.data, cfg.data.train_split)
+  vocab = vocab_lib.load_vocab(vocab_lib.cached_vocab(cfg.data, train, seed))
+  return BUILDERS[name](cfg, vocab, out_dir)

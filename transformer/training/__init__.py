@@ -1,0 +1,1 @@
+"""The train step, its loop, checkpoints and a run's workdir."""

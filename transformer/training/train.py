@@ -1,0 +1,417 @@
+"""Train a translation model from a config, on every accelerator of the machine (or job), with
+validation BLEU, checkpoints and exact resumption.
+
+    transformer-train --config=configs/multi30k.py --workdir=runs/m30k
+    transformer-train --config=configs/wmt14_ende.py:base --workdir=runs/base --config.train.steps=1000
+
+Training's loop around the step (step.py): data, validation, logging, checkpoints, signals.
+
+The train step (step.py) is compiled once per batch shape on a (data, fsdp, tensor) mesh of all devices of all
+processes, the state laid out by partitioning.py's rules (replicated in plain data parallelism) and
+the batch rows split over the data-parallel axes. The loop logs a progress line every
+`train.log_every` steps, computes validation loss/accuracy/perplexity every `train.eval_every` steps
+(teacher-forced, cheap; BLEU is the separate evaluation program's job), saves Orbax checkpoints
+asynchronously every `train.checkpoint_every` steps and, if `train.checkpoint_minutes` is set, at
+the first progress line after that many minutes (the paper's 10-minute cadence), and resumes from the
+latest readable one when restarted: same parameters, Adam state, step, dropout keys (a function of
+seed and step) and input position, so an interrupted run ends bit-identical to an uninterrupted one.
+
+Start-up checks everything (config, data, vocabulary, checkpoints, the first batch) before it writes
+anything but the vocabulary. SIGTERM/SIGINT stop after the current step with a checkpoint
+(preemption.py); a non-finite loss or gradient stops with the last good state and the batch saved,
+or is skipped (faults.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import logging
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.extend.random
+import ml_collections
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+from transformer import hardware, partitioning, progress
+from transformer.cli import (
+  define_distributed_flags,
+  define_progress_flag,
+  initialize_distributed,
+  run_program,
+)
+from transformer.config import validate
+from transformer.data import pipeline
+from transformer.data import vocab as vocab_lib
+from transformer.distributed import leader_first
+from transformer.errors import UserError
+from transformer.hardware import table_peak
+from transformer.metrics import MetricWriter, format_duration
+from transformer.model.size import training_flops_per_target_token
+from transformer.model.transformer import PAD_ID, ModelConfig, Transformer
+from transformer.training import checkpoints, preemption
+from transformer.training import nonfinite as faults
+from transformer.training.step import (
+  EmaTrainState,
+  TrainFunctions,
+  TrainState,
+  dropout_key,
+  jit_eval_step,
+  jit_train_fns,
+)
+
+log = logging.getLogger("transformer")
+
+FLAGS = flags.FLAGS
+def evaluate_loss(eval_fn, params: Any, batches: Iterable[dict[str, np.ndarray]],
+                  mesh: jax.sharding.Mesh) -> dict[str, float]:
+  """Teacher-forced validation metrics: per-token NLL, accuracy and perplexity."""
+  totals = {"nll": 0.0, "correct": 0.0, "tokens": 0.0}
+  for batch in batches:
+    sums = jax.device_get(eval_fn(params, partitioning.shard_batch(batch, mesh)))
+    for k in totals:
+      totals[k] += float(sums[k])
+  nll = totals["nll"] / totals["tokens"]
+  return {"nll": nll, "accuracy": totals["correct"] / totals["tokens"],
+          "perplexity": float(np.exp(nll)), "tokens": totals["tokens"]}
+
+
+# --------------------------------------------------------------------------------------- the loop
+
+def interval_record(step_sums: list[dict[str, np.ndarray]], seconds: float) -> dict[str, float]:
+  """Per-token averages of the steps since the last progress line (skipped non-finite updates left
+  out), and the throughput of all of them."""
+  tokens = sum(float(s["tokens"]) for s in step_sums)
+  good = [s for s in step_sums if s.get("finite", 1.0)]
+  good_tokens = sum(float(s["tokens"]) for s in good) or float("nan")
+  return {"loss": sum(float(s["loss"]) for s in good) / good_tokens,
+          "nll": sum(float(s["nll"]) for s in good) / good_tokens,
+          "accuracy": sum(float(s["correct"]) for s in good) / good_tokens,
+          "grad_norm": float(np.mean([s["grad_norm"] for s in good])) if good else float("nan"),
+          "tokens": tokens, "tokens_per_sec": tokens / seconds}
+
+
+def batch_flops(config: ModelConfig, batch: dict[str, np.ndarray]) -> float:
+  """Analytic training FLOPs of this process's share of a batch (info.py's count, at the padded
+  shape the device computes), times the processes: the global batch's."""
+  rows, src_len = batch["src"].shape
+  tgt_len = batch["tgt"].shape[1]
+  return (training_flops_per_target_token(config, src_len, tgt_len) * rows * tgt_len
+          * jax.process_count())
+
+
+def minutes_since(t: float) -> float:
+  """Minutes since `t` by process 0's clock, so every process makes the same checkpoint decision."""
+  elapsed = np.float64((time.time() - t) / 60)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    elapsed = multihost_utils.broadcast_one_to_all(elapsed)
+  return float(elapsed)
+
+
+@contextlib.contextmanager
+def _undone_if_failed(workdir: Path):
+  """Start-up creates only the workdir and its vocab.model; if start-up fails (bad data, a broken
+  checkpoint, ...) they are removed again, so a failed start leaves the disk as it found it."""
+  missing = [p for p in (workdir, *workdir.parents) if not p.exists()]  # deepest first
+  vocab_path = workdir / vocab_lib.VOCAB_FILE
+  had_vocab = vocab_path.exists()
+  try:
+    yield
+  except BaseException:
+    if jax.process_index() == 0:
+      if not had_vocab:
+        vocab_path.unlink(missing_ok=True)
+      for directory in missing:
+        with contextlib.suppress(OSError):
+          directory.rmdir()  # only if empty
+    raise
+
+
+@dataclasses.dataclass
+class Run:
+  """Everything a started run needs; made by `start_run` before anything is written."""
+  cfg: ml_collections.ConfigDict
+  workdir: Path
+  vocab: Any
+  train_pipeline: pipeline.Loader
+  eval_batches: list[dict[str, np.ndarray]]
+  mesh: jax.sharding.Mesh
+  model: Transformer
+  fns: TrainFunctions
+  state: TrainState
+  data_state: pipeline.PipelineState
+  batches: Any          # the training batch generator, positioned at data_state
+  first_batch: Any      # its first (batch, state after it), already read (None if nothing to do)
+  broken_after: int | None  # restored a checkpoint older than broken ones: their steps are > this
+
+
+def start_run(cfg: ml_collections.ConfigDict, workdir: Path, allow_config_change: bool = False
+              ) -> Run:
+  """Checks what can go wrong before training (data, vocabulary, checkpoints, the first batch) and
+  restores or initializes the state; writes nothing but the workdir and its vocabulary."""
+  workdir.mkdir(parents=True, exist_ok=True)
+  vocab, train_pipeline, eval_batches = pipeline.training_inputs(cfg, workdir,
+                                                                 num_devices=jax.device_count())
+  mesh = partitioning.make_mesh(cfg, vocab.get_piece_size())
+  model = Transformer(ModelConfig.from_config(cfg.model, vocab.get_piece_size()))
+  fns = jit_train_fns(cfg, model, mesh)
+  data_state, broken_after = pipeline.PipelineState(), None
+  with contextlib.closing(checkpoints.manager(workdir, read_only=True)) as reader:
+    saved = reader.all_steps()
+    if saved:
+      state, data = checkpoints.restore(reader, fns.abstract_state, with_data=True)
+  if saved:
+    data_state = train_pipeline.resume_state(data, allow_config_change)
+    if int(state.step) < max(saved):
+      broken_after = int(state.step)
+    log.info("Resumed from the checkpoint at step %d (data: epoch %d, batch %d of %d)",
+             int(state.step), data_state.epoch, data_state.batch, train_pipeline.num_batches)
+  else:
+    state = fns.init(jax.random.key(cfg.seed))
+  batches = train_pipeline.batches(data_state)
+  first = next(batches) if int(state.step) < cfg.train.steps else None  # e.g. all pairs filtered
+  return Run(cfg, workdir, vocab, train_pipeline, eval_batches, mesh, model, fns, state, data_state,
+             batches, first, broken_after)
+
+
+def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str,
+                       allow_config_change: bool = False) -> dict[str, Any]:
+  """Trains (or resumes) the run in `workdir` up to `cfg.train.steps`; returns a summary.
+
+  Raises preemption.Interrupted after a SIGTERM/SIGINT (a checkpoint saved), faults.NonFiniteError
+  at a non-finite loss or gradient (train.on_nonfinite='stop'), and ConfigError, DataError or
+  CheckpointError for bad input, before writing anything.
+  """
+  validate(cfg)
+  workdir = Path(workdir)
+  if workdir.exists() and not workdir.is_dir():
+    raise UserError(f"--workdir={workdir} is a file, not a directory: pass a new directory (or "
+                    "the workdir of the run to continue)")
+  changed = checkpoints.check_run_config(workdir, cfg, allow_config_change)
+  with _undone_if_failed(workdir):
+    run = start_run(cfg, workdir, allow_config_change)
+  with contextlib.closing(run.batches):  # stops the input pipeline's thread, however we leave
+    return _write_and_train(run, changed)
+
+
+def _write_and_train(run: Run, changed: list[str]) -> dict[str, Any]:
+  """Start-up succeeded: from here on the run writes."""
+  cfg, workdir, start = run.cfg, run.workdir, int(run.state.step)
+  if changed:
+    log.warning("Continuing %s with a changed config (--allow_config_change): %s; the old one is "
+                "kept as config.until_step%d.json", workdir, ", ".join(changed), start)
+  leader_first("run config", lambda: checkpoints.write_run_config(
+      workdir, cfg, previous_step=start if changed else None))
+  if run.broken_after is not None:
+    with contextlib.closing(checkpoints.manager(workdir, read_only=True)) as reader:
+      moved = leader_first("broken checkpoints",
+                           lambda: checkpoints.move_broken(reader, run.broken_after))
+    log.warning("Moved the broken checkpoint(s) %s to %s", ", ".join(map(str, moved)),
+                workdir / checkpoints.BROKEN_DIR)
+  n_params = sum(x.size for x in jax.tree.leaves(run.state.params))
+  log.info("Model: %s parameters; %d devices (%s) in %d process(es); mesh %s", f"{n_params:,}",
+           run.mesh.size, jax.devices()[0].platform, jax.process_count(),
+           " x ".join(f"{axis} {size}" for axis, size in run.mesh.shape.items()))
+  # TensorBoard hides what an earlier process logged after the checkpoint this run resumes from.
+  # The bar shows on process 0's terminal; in a log file the loop's own lines are the progress.
+  with (contextlib.closing(checkpoints.manager(workdir, keep=cfg.train.keep_checkpoints)) as mngr,
+        preemption.StopRequests() as stop,
+        MetricWriter(workdir, purge_step=start + 1 if start else None) as writer,
+        progress.Progress("training", cfg.train.steps, "steps", initial=start, line_seconds=None,
+                          mode=None if jax.process_index() == 0 else "off") as bar):
+    if start < cfg.train.steps:  # which machine trains which steps (none: nothing to record)
+      trained_on = hardware.describe()
+      log.info("Machine: %s", trained_on["machine"])
+      writer.write("start", start, **trained_on)
+    return _Loop(run, mngr, stop, writer, bar, n_params).train()
+
+
+class _Loop:
+  """The steps from the run's state to `train.steps`, with what is due after each: a progress line,
+  validation, a checkpoint, a stop. Metrics stay on the device until a progress line fetches them,
+  so the host never waits on the device between steps."""
+
+  def __init__(self, run: Run, mngr, stop: preemption.StopRequests, writer: MetricWriter,
+               bar: progress.Progress, n_params: int):
+    self.run, self.mngr, self.stop, self.writer, self.bar = run, mngr, stop, writer, bar
+    self.n_params = n_params
+    self.eval_fn = jit_eval_step(run.model, run.mesh)
+    self.peak = table_peak(jax.devices()[0].device_kind)  # None off the table (CPUs): no MFU then
+    self.watch = faults.NonFiniteWatch(skip=run.cfg.train.on_nonfinite == "skip")
+    self.start = int(run.state.step)
+    self.t_start = self.interval_start = self.last_save = time.time()
+    self.interval_sums, self.interval_flops, self.tokens_seen = [], 0.0, 0.0
+    self.interval_real, self.interval_positions = 0.0, 0  # this process's target tokens, padding
+    self.saved_step = self.start
+
+  def train(self) -> dict[str, Any]:
+    run, cfg, mesh = self.run, self.run.cfg, self.run.mesh
+    state, data_state, total = run.state, run.data_state, cfg.train.steps
+    if self.start >= total:
+      log.info("Already trained to step %d (train.steps = %d); nothing to do", self.start, total)
+    batches = itertools.chain([run.first_batch] if run.first_batch else [], run.batches)
+    dropout_rng = dropout_key(cfg)
+    healthy = jax.device_put(True, partitioning.replicated(mesh))  # laid out like the step's output
+    minutes = cfg.train.checkpoint_minutes  # the wall-clock cadence; 0 = off
+    for step in range(self.start, total):
+      batch, next_data_state = next(batches)
+      state, sums = run.fns.step(state, partitioning.shard_batch(batch, mesh), dropout_rng, healthy)
+      healthy = sums["healthy"]  # stays on the device: see step.train_step
+      self.watch.record(step + 1, batch, data_state, sums)
+      data_state = next_data_state
+      self.interval_sums.append(sums)
+      self.interval_flops += batch_flops(run.model.config, batch)
+      real = float((batch["tgt"] != PAD_ID).sum())
+      self.interval_positions += batch["tgt"].size
+      self.interval_real += real
+      self.bar.update(1, tokens=real * jax.process_count())
+      done = step + 1
+      log_due = done % cfg.train.log_every == 0 or done == total
+      eval_due = done % cfg.train.eval_every == 0 or done == total
+      save_due = (done % cfg.train.checkpoint_every == 0 or done == total
+                  or (minutes and log_due and minutes_since(self.last_save) >= minutes))
+      stop_due = self.stop.requested(done)
+      if not (log_due or eval_due or save_due or stop_due):
+        continue
+      bad = self.watch.check()  # the device catches up here anyway
+      if bad is not None:
+        _stop_at_nonfinite(run, self.mngr, state, bad, self.writer)
+      if log_due:
+        self.log_progress(done, data_state)
+      if eval_due:
+        self.validate(done, state)
+      if save_due or (stop_due and self.saved_step != done):
+        self.save(done, state, data_state)
+      if stop_due:
+        checkpoints.finish_saves(self.mngr)
+        self.writer.write("interrupted", done, signal=self.stop.signal_name)
+        raise preemption.Interrupted(
+            f"stopped by {self.stop.signal_name} after step {done}/{total}; the checkpoint at step "
+            f"{done} is in {self.mngr.directory}. Run the same command again to resume")
+    return self.finish()
+
+  def log_progress(self, done: int, data_state: pipeline.PipelineState) -> None:
+    """The steps since the last progress line: a metrics record and a log line."""
+    now = time.time()
+    record = interval_record(jax.device_get(self.interval_sums), now - self.interval_start)
+    record.update(learning_rate=float(self.run.fns.schedule(done - 1)),
+                  epoch=self.run.train_pipeline.epoch_fraction(data_state),
+                  elapsed=now - self.t_start, skipped_updates=self.watch.skipped,
+                  tflops_per_sec=self.interval_flops / (now - self.interval_start) / 1e12,
+                  target_padding=1 - self.interval_real / max(self.interval_positions, 1))
+    if self.peak:
+      record["mfu"] = record["tflops_per_sec"] / (self.peak * jax.device_count())
+    self.tokens_seen += record.pop("tokens")
+    self.writer.write("train", done, **record)
+    total = self.run.cfg.train.steps
+    eta = record["elapsed"] / (done - self.start) * (total - done)
+    mfu = f" | MFU {record['mfu']:.1%}" if "mfu" in record else ""
+    log.info("step %d/%d | loss %.3f | nll %.3f | lr %.2e | %.0f tok/s | pad %.0f%% | "
+             "%.2f TFLOP/s%s | elapsed %s | ETA %s", done, total, record["loss"], record["nll"],
+             record["learning_rate"], record["tokens_per_sec"], 100 * record["target_padding"],
+             record["tflops_per_sec"], mfu,
+             format_duration(record["elapsed"]), format_duration(eta))
+    self.bar.update(0, loss=record["loss"])
+    checkpoints.check_saves(self.mngr)  # a failed background write (disk full) stops the run here
+    self.interval_start, self.interval_sums, self.interval_flops = time.time(), [], 0.0
+    self.interval_real, self.interval_positions = 0.0, 0
+
+  def validate(self, done: int, state: TrainState) -> None:
+    """Teacher-forced validation of the parameters (and of their moving average, if kept)."""
+    run = self.run
+    metrics = evaluate_loss(self.eval_fn, state.params, run.eval_batches, run.mesh)
+    ema = ""
+    if isinstance(state, EmaTrainState):
+      ema_metrics = evaluate_loss(self.eval_fn, state.ema_params, run.eval_batches, run.mesh)
+      metrics.update({f"ema_{k}": v for k, v in ema_metrics.items() if k != "tokens"})
+      ema = (f" | EMA: nll {ema_metrics['nll']:.3f} | perplexity {ema_metrics['perplexity']:.2f}"
+             f" | accuracy {ema_metrics['accuracy']:.3f}")
+    self.writer.write("eval", done, **metrics)
+    log.info("eval at step %d | nll %.3f | perplexity %.2f | accuracy %.3f%s", done,
+             metrics["nll"], metrics["perplexity"], metrics["accuracy"], ema)
+
+  def save(self, step: int, state: TrainState, position: pipeline.PipelineState) -> None:
+    t = time.perf_counter()
+    checkpoints.save(self.mngr, step, state, self.run.train_pipeline.position(position))
+    blocked = time.perf_counter() - t
+    self.writer.write("checkpoint", step, blocking_sec=blocked)
+    log.info("checkpoint at step %d (training paused %.3fs; written in the background)", step,
+             blocked)
+    self.last_save, self.saved_step = time.time(), step
+
+  def finish(self) -> dict[str, Any]:
+    checkpoints.finish_saves(self.mngr)
+    total, train_time = self.run.cfg.train.steps, time.time() - self.t_start
+    summary = {"steps": total, "resumed_from": self.start, "train_time_sec": train_time,
+               "tokens_per_sec": (self.tokens_seen / train_time if train_time and self.tokens_seen
+                                  else None),
+               "skipped_updates": self.watch.skipped, "parameters": self.n_params}
+    if total > self.start:
+      self.writer.write("summary", total, **summary)
+      log.info("Trained steps %d-%d in %s (%.0f target tokens/s). Next: transformer-eval "
+               "--workdir=%s", self.start, total, format_duration(train_time),
+               summary["tokens_per_sec"], self.run.workdir)
+    return summary
+
+
+def _stop_at_nonfinite(run: Run, mngr, state: TrainState, bad: faults.StepRecord,
+                       writer: MetricWriter) -> None:
+  """Saves the state from before the bad step (unless that checkpoint exists) and its batch, then
+  raises NonFiniteError."""
+  last_good = bad.number - 1
+  assert int(state.step) == last_good, (int(state.step), last_good)  # later steps were no-ops
+  loss, grad_norm = (float(x) for x in jax.device_get((bad.sums["loss"] / bad.sums["tokens"],
+                                                       bad.sums["grad_norm"])))
+  checkpoints.finish_saves(mngr)
+  if last_good not in mngr.all_steps():
+    checkpoints.save(mngr, last_good, state, run.train_pipeline.position(bad.data_before))
+    checkpoints.finish_saves(mngr)
+  batch_file = (faults.write_batch(run.workdir, bad, run.vocab) if jax.process_index() == 0
+                else run.workdir / faults.BATCH_DIR)
+  writer.write("nonfinite", bad.number, loss=loss, grad_norm=grad_norm)
+  raise faults.NonFiniteError(
+      f"non-finite loss or gradient at step {bad.number} (loss {loss:.4g}, gradient norm "
+      f"{grad_norm:.4g}); the last good state is the checkpoint at step {last_good} in "
+      f"{mngr.directory} and the batch is in {batch_file}. Lower train.learning_rate or raise "
+      "train.warmup_steps, or set train.on_nonfinite=skip to skip such updates")
+
+
+# ---------------------------------------------------------------------------------- command line
+
+def main(argv: list[str]) -> None:
+  if FLAGS.config is None or FLAGS.workdir is None:
+    raise app.UsageError("pass --config=configs/multi30k.py (or another config) and --workdir=DIR")
+  try:
+    initialize_distributed()
+    progress.configure(FLAGS.progress)
+    train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
+  except preemption.Interrupted as e:
+    print(f"transformer-train: {e}", file=sys.stderr)
+    sys.exit(preemption.EXIT_INTERRUPTED)
+
+
+def run() -> None:
+  """Console-script entry point (flags are defined here, so importing this module defines none)."""
+  config_flags.DEFINE_config_file("config", None, "Path to a get_config() file, e.g. "
+                                  "configs/multi30k.py or configs/wmt14_ende.py:big.")
+  flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary and metrics (shared "
+                      "by all processes of a multi-host job).")
+  flags.DEFINE_bool("allow_config_change", False, "Continue a workdir whose run has a different "
+                    "model or data config (e.g. fine-tuning with another dropout or data); the old "
+                    "config.json is kept as config.until_step<N>.json.")
+  define_distributed_flags()
+  define_progress_flag()
+  run_program("transformer-train", main)
+
+
+if __name__ == "__main__":
+  run()

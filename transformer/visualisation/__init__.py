@@ -1,0 +1,1 @@
+"""Figures: training curves, bars with error bars, attention maps."""
