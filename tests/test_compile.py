@@ -52,7 +52,7 @@ def test_topology_names_map_to_libtpu_slices(devices):
 
 
 def test_compiled_flops_match_the_analytic_count(reports):
-  """Matmul FLOPs read from the compiled program equal info.py's formula (per device) under every
+  """Matmul FLOPs read from the compiled program equal model/size.py's formula (per device) under every
   strategy: the partitioner neither drops nor duplicates matmul work."""
   for report in reports.values():
     train = report["programs"]["train"]

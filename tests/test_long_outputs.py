@@ -1,4 +1,4 @@
-"""The fast searches against reference.py where their machinery acts: outputs of 40-66 positions,
+"""The fast searches against decoding/textbook.py where their machinery acts: outputs of 40-66 positions,
 so the self-attention cache's later blocks (16, 16, 32 and 64 positions) are written, merged and,
 while no slot has reached them, skipped; sentences finishing early while others run on and new
 ones take their slots mid-way; minimum lengths; n-best lists."""

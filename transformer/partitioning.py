@@ -7,7 +7,7 @@ The mesh has three named axes, sized by the config's `mesh` section (-1 = the de
           XLA all-gathers a layer's weights where they are used and reduce-scatters its gradients);
   tensor  Megatron-style model parallelism: heads, d_ff and the vocabulary split over devices.
 
-The model (model.py) names the axes of every parameter ('vocab', 'embed', 'heads', 'kv', 'mlp', ...)
+The model (model/transformer.py) names the axes of every parameter ('vocab', 'embed', 'heads', 'kv', 'mlp', ...)
 and pins activations to logical layouts ('batch', 'act_heads', ...); `RULES` maps those names to mesh
 axes, so one table says how every strategy shards, and the same jit-compiled step runs on one CPU,
 on 8 fake CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8) and on every accelerator of

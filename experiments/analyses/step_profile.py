@@ -77,7 +77,7 @@ def category(op: str) -> str:
     if re.search(r"gemm|nvjet|cublas|cutlass", op):
       return "matmul: cuBLAS kernels (layers and vocabulary)"
   if "dot_general" in op:
-    # projection.py's scopes, or its einsums where the scope is lost (the CPU programs of JAX 0.10)
+    # vocab_projection.py's scopes, or its einsums where the scope is lost (the CPU programs of JAX 0.10)
     vocabulary = re.search(r"output_logits|btd,vd->btv|btv,vd->btd", op)
     return "matmul: output projection (vocabulary)" if vocabulary else "matmul: layers"
   if "Dropout" in op or "rng_bit_generator" in op or "random_bits" in op:

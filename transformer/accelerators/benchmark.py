@@ -9,12 +9,12 @@ of `--seq_len` tokens, no padding; as many source tokens; default: the config's 
 greedy and beam search as the evaluation program runs them (`decode.*` settings) on
 `--decode_sentences` real evaluation sentences (or synthetic ones) decoded to their references'
 lengths, and `--checkpoint_saves` asynchronous checkpoint saves (how long each stops training).
-With `--reference=N` it checks N of the beam search's hypotheses against reference.py's plain
+With `--reference=N` it checks N of the beam search's hypotheses against decoding/textbook.py's plain
 search. With `--real_batches=N` it also times N steps on the config's own training batches (bucket padding
 and all) and reports real target tokens/s: the figure the training log prints.
 Prints one JSON object (and writes it to `--output`): target tokens/s, step time (median, spread),
-analytic training FLOPs per step (info.training_flops_per_target_token), MFU against the device's
-peak (info.PEAK_TFLOPS, `--peak_tflops`, or a measured matmul with `--measure_peak`), decode
+analytic training FLOPs per step (model.size.training_flops_per_target_token), MFU against the device's
+peak (hardware.PEAK_TFLOPS, `--peak_tflops`, or a measured matmul with `--measure_peak`), decode
 sentences/s and target tokens/s for beam 1 and the config's beam, and peak device memory where the
 backend reports it. Progress goes to the log as it runs. With --input_pipeline it instead times the
 config's training loader on this host (no device work; transformer/data/input_benchmark.py): tokens
@@ -373,6 +373,9 @@ def main(argv: list[str]) -> None:
   if FLAGS.config is None:
     raise app.UsageError("pass --config=configs/wmt14_ende.py:base (or another config)")
   initialize_distributed()
+  for directory in (FLAGS.checkpoint_dir, FLAGS.output and Path(FLAGS.output).parent):
+    if directory:  # where the results go: made now, not found missing after minutes of timing
+      Path(directory).mkdir(parents=True, exist_ok=True)
   if FLAGS.input_pipeline:
     result = benchmark_input(FLAGS.config, FLAGS.batches, [int(w) for w in FLAGS.loader_workers],
                              [float(ms) for ms in FLAGS.stub_step_ms], FLAGS.stub_steps,

@@ -12,7 +12,7 @@ step; beam search at decode.tokens_per_batch as transformer-eval runs it) for th
 `--topology` (topologies.py), lowers them with abstract inputs and compiles them ahead of time:
 nothing is allocated or run, so no accelerator is needed. Per device it reports the parameter,
 optimizer and temporary bytes and the peak against the chip's HBM, FLOPs per step (counted in the
-compiled program, hlo.py, beside the analytic count of info.py and XLA's own cost analysis), HBM
+compiled program, hlo.py, beside the analytic count of model/size.py and XLA's own cost analysis), HBM
 traffic, the collectives (kind, count, bytes) and a roofline bound on the step (roofline.py) with the
 tokens/s, MFU and hours to `train.steps` it implies. A program that does not fit ends the command
 with an error naming what would make it fit. `--output` writes everything as JSON.

@@ -9,7 +9,7 @@ computation gets a multiplier (how often it runs per call of the entry computati
 the trip counts of the loops around it; a trip count is XLA's `known_trip_count` where the compiler
 wrote one, else the bound its loop condition compares with), and
   * FLOPs are 2 x multiply-adds of every `dot`, `convolution` and cuBLAS gemm (matmuls only, like
-    info.training_flops_per_target_token, so the two compare directly);
+    model.size.training_flops_per_target_token, so the two compare directly);
   * a collective moves, per device, what a ring algorithm moves: all-reduce 2(n-1)/n of its buffer,
     all-gather and all-to-all (n-1)/n of the result, reduce-scatter (n-1)/n of the input, a
     collective-permute its whole buffer (n = the size of its replica group);

@@ -11,7 +11,7 @@ program a real slice would run; libtpu (the `jax[tpu]` extra) must be installed.
 JAX's CUDA plugin with an XLA GPU target description (gpu_specs/*.txtpb, from XLA's source tree),
 no GPU or CUDA driver needed.
 
-Chip figures (peak dense bf16 FLOP/s from info.PEAK_TFLOPS, HBM capacity and bandwidth,
+Chip figures (peak dense bf16 FLOP/s from hardware.PEAK_TFLOPS, HBM capacity and bandwidth,
 interconnect bandwidth), their sources:
   TPU v4, v5e, v5p, v6e: Google Cloud TPU system-architecture pages (cloud.google.com/tpu/docs/v4,
     /v5e, /v5p, /v6e): 'Peak compute per chip (bf16)', 'HBM capacity and bandwidth',
@@ -44,7 +44,7 @@ class Chip:
   cross_host_gbps: float  # between hosts (GPUs: InfiniBand per GPU, both directions); TPU: = link
 
 
-# Peaks from info.PEAK_TFLOPS (the table training's MFU divides by), keyed by JAX's device kind.
+# Peaks from hardware.PEAK_TFLOPS (the table training's MFU divides by), keyed by JAX's device kind.
 CHIPS = {
     "v4": Chip("TPU v4", PEAK_TFLOPS["TPU v4"], 32.0, 1200.0, 600.0, 600.0),
     "v5e": Chip("TPU v5e", PEAK_TFLOPS["TPU v5 lite"], 16.0, 819.0, 400.0, 400.0),

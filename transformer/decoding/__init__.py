@@ -6,7 +6,7 @@
 One contract (base.Search), one file per search, one registry (SEARCHES, by the name `--search`
 takes), one loop that runs any of them (loop.py), one next-token model (ensemble.Ensemble: one
 model or the mean of several). To add a search: a new file with a `Search` subclass, a line below,
-and its tests against a plain reference (reference.py); docs/architecture.md shows one such diff.
+and its tests against a plain reference (textbook.py); docs/architecture.md shows one such diff.
 """
 
 from __future__ import annotations

@@ -206,7 +206,7 @@ class FeedForward(nn.Module):
 
 def matmul(config: ModelConfig) -> Callable:
   """The layers' matrix product: lax.dot_general, or with `matmul_dtype` (bf16) its operands in
-  that dtype and its sums in the activation dtype, forward and backward (products.py), so only the
+  that dtype and its sums in the activation dtype, forward and backward (low_precision.py), so only the
   products' inputs are rounded (on CPUs with AMX or AVX512-BF16 several times the float32 speed)."""
   if config.matmul_dtype is None:
     return jax.lax.dot_general

@@ -9,7 +9,7 @@ checks it against autodiff (the matrix gradient's sums may round differently in 
 With bfloat16 activations the float32 gradient of the logits is rounded to bfloat16 before the two
 backward products, as the forward product's inputs are (autodiff would multiply float32 by
 bfloat16, which runs as a float32 product: on an H200 those two products took 12% of base's step).
-With float32 activations and `model.matmul_dtype` bf16 (products.py) the logits and the input's
+With float32 activations and `model.matmul_dtype` bf16 (low_precision.py) the logits and the input's
 gradient take bf16 operands and the matrix's gradient stays a float32 product.
 """
 
@@ -39,7 +39,7 @@ def _output_logits_bwd(matmul_dtype, residuals, d_logits):
   with jax.named_scope("output_logits_grad"):
     # bf16 training: the input's gradient in bf16 (float32 sums); with bf16 activations the matrix's
     # too, with matmul_dtype in x's float32 (XLA's CPU backend runs this product over the tokens
-    # in bf16 slower than in float32: products.py)
+    # in bf16 slower than in float32: low_precision.py)
     d_low = d_logits.astype(matmul_dtype or x.dtype)
     d_x = jnp.einsum("btv,vd->btd", d_low, matrix.astype(d_low.dtype),
                      preferred_element_type=jnp.float32)

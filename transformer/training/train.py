@@ -19,7 +19,7 @@ seed and step) and input position, so an interrupted run ends bit-identical to a
 Start-up checks everything (config, data, vocabulary, checkpoints, the first batch) before it writes
 anything but the vocabulary. SIGTERM/SIGINT stop after the current step with a checkpoint
 (preemption.py); a non-finite loss or gradient stops with the last good state and the batch saved,
-or is skipped (faults.py).
+or is skipped (nonfinite.py).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def interval_record(step_sums: list[dict[str, np.ndarray]], seconds: float) -> d
 
 
 def batch_flops(config: ModelConfig, batch: dict[str, np.ndarray]) -> float:
-  """Analytic training FLOPs of this process's share of a batch (info.py's count, at the padded
+  """Analytic training FLOPs of this process's share of a batch (model/size.py's count, at the padded
   shape the device computes), times the processes: the global batch's."""
   rows, src_len = batch["src"].shape
   tgt_len = batch["tgt"].shape[1]
