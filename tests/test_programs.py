@@ -53,3 +53,13 @@ def test_help_of_a_program_as_run(tmp_path):
   assert out.stdout.startswith("Train a translation model from a config")
   assert "transformer-train --config=configs/multi30k.py --workdir=runs/m30k" in out.stdout
   assert "--config.train.steps" in out.stdout or "--config" in out.stdout
+
+
+@pytest.mark.skipif(any(hardware.accelerator_devices().values()), reason="an accelerator is present")
+def test_a_program_that_starts_jax_prints_only_its_own_words():
+  out = subprocess.run([sys.executable, "-m", "transformer.accelerators.model_info",
+                        "--config=configs/multi30k.py"], cwd=REPO, env=_without_jax_platforms(),
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0
+  assert out.stderr == ""
+  assert out.stdout.startswith("module")

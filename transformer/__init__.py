@@ -9,24 +9,19 @@ from transformer import hardware
 def _import_jax_quietly() -> None:
   """A program (a console script or `python -m`) imports JAX here, first, with stderr closed when
   the machine has no GPU: JAX's CUDA plugin, installed for transformer-compile, otherwise prints
-  "could not find cuda drivers" lines as JAX loads it. Where a GPU exists nothing is hidden; other
-  processes (tests, data workers, which need no JAX) import nothing here."""
+  "could not find cuda drivers" lines as JAX loads it (cli.run_program quiets its registration).
+  Where a GPU exists nothing is hidden; other processes (tests, data workers, which need no JAX)
+  import nothing here."""
   program = os.path.basename(sys.argv[0]) if sys.argv else ""
   if not (program.startswith("transformer-") or program == "-m") or "jax" in sys.modules:
     return
   if hardware.accelerator_devices()["gpu"]:
     return
-  sys.stderr.flush()
-  saved = os.dup(2)
   try:
-    with open(os.devnull, "w") as devnull:
-      os.dup2(devnull.fileno(), 2)
+    with hardware.silenced_stderr():
       import jax  # noqa: F401
   except Exception:  # noqa: S110 (an import that fails here fails again, loudly, where it is used)
     pass
-  finally:
-    os.dup2(saved, 2)
-    os.close(saved)
 
 
 _import_jax_quietly()

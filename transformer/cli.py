@@ -151,12 +151,18 @@ def use_present_accelerators_only() -> None:
   plugins installed for transformer-compile (CUDA, libtpu) do not try to start, fail and print
   their tracebacks and warnings ahead of the program's words. A machine with an accelerator, or a
   JAX_PLATFORMS the user set, is left as it is: its errors are real."""
-  from transformer.hardware import accelerator_devices
+  from transformer.hardware import accelerator_devices, silenced_stderr
   present = accelerator_devices()
   if "JAX_PLATFORMS" not in os.environ and not any(present.values()):
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
     jax.config.update("jax_platforms", "cpu")
+    # Registering the plugins loads the CUDA plugin's library, which logs that no GPU is there.
+    # Registration only (no backend starts), so distributed start-up and device counts still apply.
+    from jax._src import xla_bridge
+    if hasattr(xla_bridge, "_discover_and_register_pjrt_plugins"):
+      with silenced_stderr():
+        xla_bridge._discover_and_register_pjrt_plugins()
 
 
 def default_cache_dir() -> str:

@@ -10,8 +10,10 @@ well as its name, because VMs often report only a brand ("AMD EPYC") for differe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import sys
 from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")  # Linux's; elsewhere the platform module names the CPU
@@ -60,6 +62,21 @@ def describe() -> dict[str, str | int]:
   return {"machine": label, "cpu": cpu, "cpu_count": os.cpu_count() or 0,
           "platform": devices[0].platform, "device_kind": kind, "devices": len(devices),
           "processes": jax.process_count(), "jax": jax.__version__}
+
+
+@contextlib.contextmanager
+def silenced_stderr():
+  """File descriptor 2 closed (to /dev/null) inside: for C++ libraries that log as they load,
+  which Python's own redirections do not reach. Exceptions still propagate, after it is restored."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  try:
+    with open(os.devnull, "w") as devnull:
+      os.dup2(devnull.fileno(), 2)
+      yield
+  finally:
+    os.dup2(saved, 2)
+    os.close(saved)
 
 
 def accelerator_devices() -> dict[str, bool]:
