@@ -119,8 +119,7 @@ def run_program(program: str, main: Callable[[list[str]], None],
   """
   from transformer.host_memory import reuse_freed_memory
   reuse_freed_memory()
-  if program != "transformer-compile":  # it compiles for accelerators the machine lacks
-    use_present_accelerators_only()
+  use_present_accelerators_only()  # transformer-compile too: its GPU compiler needs exactly this
   if compilation_cache:
     flags.DEFINE_string("compilation_cache", default_cache_dir(), "Directory of JAX's persistent "
                         "compilation cache (compiled programs reused by later runs; "
@@ -149,14 +148,17 @@ def run_program(program: str, main: Callable[[list[str]], None],
 def use_present_accelerators_only() -> None:
   """On a machine with neither a GPU nor a TPU, JAX is told to use its CPU backend only, so that
   plugins installed for transformer-compile (CUDA, libtpu) do not try to start, fail and print
-  their tracebacks and warnings ahead of the program's words. A machine with an accelerator, or a
-  JAX_PLATFORMS the user set, is left as it is: its errors are real."""
+  their tracebacks and warnings ahead of the program's words; the CUDA plugin still registers
+  its compiler, which is what transformer-compile uses for GPU clusters. A machine with an
+  accelerator, or a JAX_PLATFORMS the user set, is left as it is: its errors are real."""
   from transformer.hardware import accelerator_devices, silenced_stderr
-  present = accelerator_devices()
-  if "JAX_PLATFORMS" not in os.environ and not any(present.values()):
+  if any(accelerator_devices().values()):
+    return
+  import jax
+  if "JAX_PLATFORMS" not in os.environ:
     os.environ["JAX_PLATFORMS"] = "cpu"
-    import jax
     jax.config.update("jax_platforms", "cpu")
+  if os.environ["JAX_PLATFORMS"] == "cpu":
     # Registering the plugins loads the CUDA plugin's library, which logs that no GPU is there.
     # Registration only (no backend starts), so distributed start-up and device counts still apply.
     from jax._src import xla_bridge

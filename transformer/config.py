@@ -123,6 +123,9 @@ def _train_keys() -> ml_collections.ConfigDict:
   train.ema_decay = 0.0             # > 0: also keep a moving average of the parameters (evaluated
                                     # by default); the paper averaged checkpoints instead.
   train.grad_accum_steps = 1        # split each batch into this many micro-batches (same update).
+  train.loss_chunks = 0             # > 0: the loss projects onto the vocabulary this many chunks of
+                                    # target positions at a time, never holding the logits [B, T, V]
+                                    # (the same loss and gradients); 0: the whole logits at once.
   train.dropout_rng = "threefry2x32"  # JAX's default; 'unsafe_rbg_threefry': dropout ~4x cheaper on CPU.
   train.log_every = 100
   train.eval_every = 1000
@@ -215,7 +218,7 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
               "decode.tokens_per_batch"):
     _positive(cfg, key)
   for key in ("decode.max_extra_len", "decode.min_len", "model.decoder_layers", "model.d_k",
-              "model.d_v", "train.cooldown_steps", "data.loader_workers"):
+              "model.d_v", "train.cooldown_steps", "data.loader_workers", "train.loss_chunks"):
     _positive(cfg, key, allow_zero=True)
   positions.get(cfg.model.positional).check(cfg)  # an unknown kind is an error here
   _choice(cfg, "model.norm", NORM_KINDS)

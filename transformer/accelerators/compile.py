@@ -37,9 +37,13 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import ml_collections
-from absl import app, flags
+
+# The programs import JAX before this module (transformer/__init__.py), so the choice is made here too.
+jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
+
+import jax.numpy as jnp  # noqa: E402
+import ml_collections  # noqa: E402
+from absl import app, flags  # noqa: E402
 from jax.experimental.compilation_cache import compilation_cache
 from ml_collections import config_flags
 

@@ -335,8 +335,10 @@ class Decoder(nn.Module):
   def __call__(self, encoded: jax.Array, src: jax.Array, tgt_in: jax.Array, deterministic: bool,
                decode: bool = False, decode_len: int = 0, step: jax.Array | None = None,
                self_mask: jax.Array | None = None, src_segments: jax.Array | None = None,
-               tgt_segments: jax.Array | None = None, tgt_positions: jax.Array | None = None
-               ) -> jax.Array:
+               tgt_segments: jax.Array | None = None, tgt_positions: jax.Array | None = None,
+               project: bool = True) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Logits [B, T, V]; with `project` False the decoder's output [B, T, D] and the output matrix
+    [V, D] as the projection would multiply them (training's chunked loss projects them itself)."""
     cfg = self.config
     if decode:  # tgt_in [B, G]: G hypotheses per sentence at position `step` (scalar or [B]).
       positions = jnp.broadcast_to(step, tgt_in.shape[:1])[:, None]
@@ -364,6 +366,8 @@ class Decoder(nn.Module):
                           _init(nn.initializers.normal(cfg.d_model ** -0.5), "vocab", "embed"),
                           (cfg.vocab_size, cfg.d_model))
     product_dtype = cfg.vocab_matmul_dtype or cfg.matmul_dtype
+    if not project:
+      return x.astype(cfg.dtype), matrix if product_dtype else jnp.asarray(matrix, cfg.dtype)
     if decode and self.has_variable("params", SEARCH_MATRIX):  # translator.search_params
       logits = search_logits(x.astype(cfg.dtype), self.get_variable("params", SEARCH_MATRIX),
                              product_dtype)
@@ -408,13 +412,14 @@ class Transformer(nn.Module):
 
   def __call__(self, src: jax.Array, tgt_in: jax.Array, deterministic: bool = True, *,
                src_segments: jax.Array | None = None, src_positions: jax.Array | None = None,
-               tgt_segments: jax.Array | None = None, tgt_positions: jax.Array | None = None
-               ) -> jax.Array:
+               tgt_segments: jax.Array | None = None, tgt_positions: jax.Array | None = None,
+               project: bool = True) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Teacher-forced logits. Packed rows (several pairs per row) pass segment ids (1, 2, ... per
-    pair, 0 for padding) and per-pair positions for both sides; attention stays within a pair."""
+    pair, 0 for padding) and per-pair positions for both sides; attention stays within a pair.
+    With `project` False: the decoder's output and the output matrix instead of logits."""
     encoded = self.encode(src, deterministic, src_segments, src_positions)
     return self.decode(encoded, src, tgt_in, deterministic, src_segments=src_segments,
-                       tgt_segments=tgt_segments, tgt_positions=tgt_positions)
+                       tgt_segments=tgt_segments, tgt_positions=tgt_positions, project=project)
 
 
 def initial_params(model: Transformer, rng: jax.Array, logical_axes: bool = False) -> Any:

@@ -22,7 +22,8 @@ import optax
 from flax.training import train_state
 
 from transformer import partitioning
-from transformer.model.transformer import PAD_ID, Transformer, initial_params, shift_right
+from transformer.model.transformer import Transformer, initial_params, shift_right
+from transformer.training.loss import loss_sums, projected_loss_sums
 
 TrainState = train_state.TrainState
 
@@ -67,57 +68,6 @@ def make_optimizer(cfg: ml_collections.ConfigDict,
                     eps=cfg.train.adam_eps)
 
 
-def loss_sums(logits: jax.Array, targets: jax.Array, smoothing: float) -> dict[str, jax.Array]:
-  """Summed float32 losses over non-padding target tokens.
-
-  'loss' is label-smoothed cross-entropy: the true class gets probability 1 - smoothing and the
-  smoothing mass is spread evenly over the other V - 1 classes. 'nll' is the plain negative
-  log-likelihood (for perplexity), 'correct' counts tokens whose target has the largest logit,
-  'tokens' counts real tokens. The gradient is written by hand (`_token_losses`): autodiff of a
-  log-softmax over the vocabulary made the largest single op of a CPU step.
-  """
-  weights = (targets != PAD_ID).astype(jnp.float32)
-  loss, nll, correct = _token_losses(logits.astype(jnp.float32), targets, smoothing)
-  return {"loss": (loss * weights).sum(), "nll": (nll * weights).sum(),
-          "correct": (correct * weights).sum(), "tokens": weights.sum()}
-
-
-def _smoothed_target(vocab_size: int, smoothing: float) -> tuple[float, float]:
-  """(probability of the target, probability of each other word) of the smoothed distribution."""
-  return 1.0 - smoothing, smoothing / (vocab_size - 1)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _token_losses(logits: jax.Array, targets: jax.Array, smoothing: float):
-  """Per token: smoothed cross-entropy, NLL and 1.0 where the target's logit is the largest."""
-  return _token_losses_fwd(logits, targets, smoothing)[0]
-
-
-def _token_losses_fwd(logits, targets, smoothing):
-  top = logits.max(axis=-1)
-  log_z = jnp.log(jnp.exp(logits - top[..., None]).sum(axis=-1)) + top
-  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-  on, off = _smoothed_target(logits.shape[-1], smoothing)
-  nll = log_z - target_logit
-  # -sum_v q_v log p_v with q = off everywhere, plus (on - off) at the target.
-  loss = (on - off) * nll + off * (logits.shape[-1] * log_z - logits.sum(axis=-1))
-  correct = (target_logit >= top).astype(jnp.float32)
-  return (loss, nll, correct), (logits, log_z, targets)
-
-
-def _token_losses_bwd(smoothing, residuals, cotangents):
-  """d loss / d logits = p - q (q the smoothed target distribution); d nll / d logits = p - onehot."""
-  logits, log_z, targets = residuals
-  d_loss, d_nll, _ = cotangents
-  on, off = _smoothed_target(logits.shape[-1], smoothing)
-  p = jnp.exp(logits - log_z[..., None])
-  is_target = jnp.arange(logits.shape[-1]) == targets[..., None]
-  grad = ((d_loss + d_nll)[..., None] * p - (d_loss * off)[..., None]
-          - jnp.where(is_target, (d_loss * (on - off) + d_nll)[..., None], 0.0))
-  return grad, None
-
-
-_token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)
 
 
 # -------------------------------------------------------------------------------------- the steps
@@ -205,8 +155,8 @@ def summed_gradients(grad_fn: Callable, params: Any, batch: dict[str, jax.Array]
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_rng: jax.Array,
                healthy: jax.Array | bool = True, *, smoothing: float, accum_steps: int = 1,
-               skip_nonfinite: bool = False, ema_decay: float = 0.0
-               ) -> tuple[TrainState, dict[str, jax.Array]]:
+               skip_nonfinite: bool = False, ema_decay: float = 0.0, loss_chunks: int = 0,
+               product_dtype: Any = None) -> tuple[TrainState, dict[str, jax.Array]]:
   """One Adam update on the mean label-smoothed loss per target token of the (global) batch.
 
   With `accum_steps` > 1 the batch is split into that many micro-batches whose summed gradients make
@@ -223,12 +173,20 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_rng: jax.
   schedule's at the step. Otherwise the step is a no-op and sums['healthy'] turns false; fed back
   as `healthy`, it makes every later step a no-op too, so the trainer, which looks at the flags
   only when it syncs with the device anyway, finds the state exactly as it was before the bad step.
+
+  With `loss_chunks` > 0 the loss never holds the batch's logits: the projection onto the
+  vocabulary, the loss and their backward pass run that many chunks of target positions at a time
+  (loss.py), the product in `product_dtype`; the same sums and gradients.
   """
   rng = jax.random.fold_in(dropout_rng, state.step)
 
   def loss_fn(params, micro, micro_rng):
-    logits = forward(state.apply_fn, params, micro, deterministic=False, rngs={"dropout": micro_rng})
-    sums = loss_sums(logits, micro["tgt"], smoothing)
+    kwargs = dict(deterministic=False, rngs={"dropout": micro_rng})
+    if loss_chunks:
+      x, matrix = forward(state.apply_fn, params, micro, project=False, **kwargs)
+      sums = projected_loss_sums(x, matrix, micro["tgt"], smoothing, product_dtype, loss_chunks)
+    else:
+      sums = loss_sums(forward(state.apply_fn, params, micro, **kwargs), micro["tgt"], smoothing)
     return sums["loss"], sums
 
   grads, sums = summed_gradients(jax.grad(loss_fn, has_aux=True), state.params, batch, rng,
@@ -292,7 +250,10 @@ def jit_train_fns(cfg: ml_collections.ConfigDict, model: Transformer,
   step = jax.jit(functools.partial(train_step, smoothing=cfg.train.label_smoothing,
                                    accum_steps=cfg.train.grad_accum_steps,
                                    skip_nonfinite=cfg.train.on_nonfinite == "skip",
-                                   ema_decay=cfg.train.ema_decay),
+                                   ema_decay=cfg.train.ema_decay,
+                                   loss_chunks=cfg.train.loss_chunks,
+                                   product_dtype=model.config.vocab_matmul_dtype
+                                   or model.config.matmul_dtype or model.config.dtype),
                  out_shardings=(shardings, replicated), donate_argnums=(0,))
   abstract = partitioning.with_sharding(jax.eval_shape(init_fn, jax.random.key(0)), shardings)
   return TrainFunctions(init=init, step=partitioning.with_mesh(step, mesh),

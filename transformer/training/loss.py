@@ -1,0 +1,166 @@
+"""The label-smoothed loss over the vocabulary (section 5.4), from logits or from the decoder's
+output without ever holding the logits.
+
+`loss_sums(logits, ...)` is the loss of a batch's [B, T, V] float32 logits. At WMT's shapes those
+logits are the step's largest tensor (25k tokens x 37k words x 4 bytes = 3.7 GB, and as much again
+for their gradient), written to memory and read back several times. `projected_loss_sums(x, matrix,
+...)` computes the same sums from the decoder's output x [B, T, D] and the output matrix [V, D]: the
+projection, log-softmax, loss and their backward pass run a chunk of target positions at a time
+(a scan over T), so no more than [B, T / chunks, V] logits exist at once. The backward pass
+recomputes each chunk's logits (one more projection, ~2% of a base step's FLOPs) instead of keeping
+them. Same numbers: tests/test_loss.py checks both sums and gradients against `loss_sums` on the
+projected logits.
+
+Both gradients are written by hand (p - q): autodiff of a log-softmax over the vocabulary made the
+largest single op of a CPU step.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from transformer.tokens import PAD_ID
+
+
+def loss_sums(logits: jax.Array, targets: jax.Array, smoothing: float) -> dict[str, jax.Array]:
+  """Summed float32 losses over non-padding target tokens.
+
+  'loss' is label-smoothed cross-entropy: the true class gets probability 1 - smoothing and the
+  smoothing mass is spread evenly over the other V - 1 classes. 'nll' is the plain negative
+  log-likelihood (for perplexity), 'correct' counts tokens whose target has the largest logit,
+  'tokens' counts real tokens.
+  """
+  return _sums(*_token_losses(logits.astype(jnp.float32), targets, smoothing), targets)
+
+
+def projected_loss_sums(x: jax.Array, matrix: jax.Array, targets: jax.Array, smoothing: float,
+                        product_dtype: Any, chunks: int) -> dict[str, jax.Array]:
+  """`loss_sums` of the logits x [B, T, D] . matrix [V, D]^T (a product in `product_dtype` with
+  float32 sums, as model/vocab_projection.py's), computed `chunks` target positions' worth at a
+  time. T is padded to a multiple of `chunks` (the padding carries PAD targets: it counts nothing)."""
+  pad = -x.shape[1] % chunks
+  if pad:
+    x = jnp.pad(x, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)), constant_values=PAD_ID)
+  losses = _projected_token_losses(x, matrix, targets, smoothing, jnp.dtype(product_dtype), chunks)
+  return _sums(*losses, targets)
+
+
+def _sums(loss: jax.Array, nll: jax.Array, correct: jax.Array, targets: jax.Array
+          ) -> dict[str, jax.Array]:
+  weights = (targets != PAD_ID).astype(jnp.float32)
+  return {"loss": (loss * weights).sum(), "nll": (nll * weights).sum(),
+          "correct": (correct * weights).sum(), "tokens": weights.sum()}
+
+
+def _smoothed_target(vocab_size: int, smoothing: float) -> tuple[float, float]:
+  """(probability of the target, probability of each other word) of the smoothed distribution."""
+  return 1.0 - smoothing, smoothing / (vocab_size - 1)
+
+
+def _stats(logits: jax.Array, targets: jax.Array, smoothing: float):
+  """Per token (smoothed cross-entropy, NLL, 1.0 where the target's logit is the largest), and the
+  log partition function the backward pass needs."""
+  top = logits.max(axis=-1)
+  log_z = jnp.log(jnp.exp(logits - top[..., None]).sum(axis=-1)) + top
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  on, off = _smoothed_target(logits.shape[-1], smoothing)
+  nll = log_z - target_logit
+  # -sum_v q_v log p_v with q = off everywhere, plus (on - off) at the target.
+  loss = (on - off) * nll + off * (logits.shape[-1] * log_z - logits.sum(axis=-1))
+  correct = (target_logit >= top).astype(jnp.float32)
+  return (loss, nll, correct), log_z
+
+
+def _logits_grad(logits, log_z, targets, d_loss, d_nll, smoothing: float) -> jax.Array:
+  """d loss / d logits = p - q (q the smoothed target distribution); d nll / d logits = p - onehot."""
+  on, off = _smoothed_target(logits.shape[-1], smoothing)
+  p = jnp.exp(logits - log_z[..., None])
+  is_target = jnp.arange(logits.shape[-1]) == targets[..., None]
+  return ((d_loss + d_nll)[..., None] * p - (d_loss * off)[..., None]
+          - jnp.where(is_target, (d_loss * (on - off) + d_nll)[..., None], 0.0))
+
+
+# ---------------------------------------------------------------------------------- from logits
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _token_losses(logits: jax.Array, targets: jax.Array, smoothing: float):
+  return _stats(logits, targets, smoothing)[0]
+
+
+def _token_losses_fwd(logits, targets, smoothing):
+  losses, log_z = _stats(logits, targets, smoothing)
+  return losses, (logits, log_z, targets)
+
+
+def _token_losses_bwd(smoothing, residuals, cotangents):
+  logits, log_z, targets = residuals
+  d_loss, d_nll, _ = cotangents
+  return _logits_grad(logits, log_z, targets, d_loss, d_nll, smoothing), None
+
+
+_token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)
+
+
+# ------------------------------------------------------------------- from the decoder's output
+
+def _chunked(a: jax.Array, chunks: int) -> jax.Array:
+  """[B, T, ...] -> [chunks, B, T / chunks, ...]: the scan runs over chunks; rows stay where the
+  batch's sharding put them."""
+  b, t = a.shape[:2]
+  return jnp.moveaxis(a.reshape(b, chunks, t // chunks, *a.shape[2:]), 1, 0)
+
+
+def _unchunked(a: jax.Array) -> jax.Array:
+  chunks, b, t = a.shape[:3]
+  return jnp.moveaxis(a, 0, 1).reshape(b, chunks * t, *a.shape[3:])
+
+
+def _project(x: jax.Array, matrix: jax.Array, dtype: Any) -> jax.Array:
+  with jax.named_scope("output_logits"):  # as model/vocab_projection.py names it, for profiles
+    return jnp.einsum("btd,vd->btv", x.astype(dtype), matrix.astype(dtype),
+                      preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _projected_token_losses(x, matrix, targets, smoothing, dtype, chunks):
+  return _projected_fwd(x, matrix, targets, smoothing, dtype, chunks)[0]
+
+
+def _projected_fwd(x, matrix, targets, smoothing, dtype, chunks):
+  def chunk(_, inputs):
+    x_c, targets_c = inputs
+    losses, log_z = _stats(_project(x_c, matrix, dtype), targets_c, smoothing)
+    return None, (*losses, log_z)
+  _, outputs = jax.lax.scan(chunk, None, (_chunked(x, chunks), _chunked(targets, chunks)))
+  loss, nll, correct, log_z = map(_unchunked, outputs)
+  return (loss, nll, correct), (x, matrix, targets, log_z)
+
+
+def _projected_bwd(smoothing, dtype, chunks, residuals, cotangents):
+  x, matrix, targets, log_z = residuals
+  d_loss, d_nll, _ = cotangents
+
+  def chunk(d_matrix, inputs):
+    x_c, targets_c, log_z_c, d_loss_c, d_nll_c = inputs
+    with jax.named_scope("output_logits_grad"):
+      d_logits = _logits_grad(_project(x_c, matrix, dtype), log_z_c, targets_c, d_loss_c, d_nll_c,
+                              smoothing)
+      d_x = jnp.einsum("btv,vd->btd", d_logits.astype(dtype), matrix.astype(dtype),
+                       preferred_element_type=jnp.float32)
+      # [tokens, D]^T x [tokens, V] as a 2-D product, as model/vocab_projection.py's backward
+      d_matrix += jax.lax.dot_general(
+          x_c.reshape(-1, x.shape[-1]), d_logits.astype(x.dtype).reshape(-1, d_logits.shape[-1]),
+          (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32).T
+    return d_matrix, d_x.astype(x.dtype)
+
+  inputs = tuple(_chunked(a, chunks) for a in (x, targets, log_z, d_loss, d_nll))
+  d_matrix, d_x = jax.lax.scan(chunk, jnp.zeros(matrix.shape, jnp.float32), inputs)
+  return _unchunked(d_x), d_matrix.astype(matrix.dtype), None
+
+
+_projected_token_losses.defvjp(_projected_fwd, _projected_bwd)
