@@ -221,8 +221,8 @@ def wmt_hours() -> str:
 
 
 def _cpu_record() -> tuple[Path, dict]:
-  folder = max((RESULTS / "cpu").iterdir(), key=lambda f: json.loads(
-      (f / "machine.json").read_text())["date"])
+  folder = max((f for f in (RESULTS / "cpu").iterdir() if (f / "multi30k.json").is_file()),
+               key=lambda f: json.loads((f / "machine.json").read_text())["date"])
   return folder, json.loads((folder / "machine.json").read_text())
 
 
@@ -352,6 +352,51 @@ def launch_recipes() -> str:
         f"steps) | {r['programs']['eval']['memory']['peak'] / 2**30:.2f} GiB | "
         f"{beam['programs']['beam']['memory']['peak'] / 2**30:.2f} GiB | "
         f"{_collectives(train['collectives'])} |")
+  return "\n".join(lines)
+
+
+@table("loss-chunks")
+def loss_chunks() -> str:
+  """train.loss_chunks compiled for 8xH100 (no GPU needed): the step's HBM traffic and memory."""
+  folder = RESULTS / "accelerators" / "loss_chunks"
+  lines = ["| model, rows of | `train.loss_chunks` | HBM traffic per step and device | temporaries | "
+           "peak memory | step bound (binding) |", "|---|---|---|---|---|---|"]
+  def order(path: Path) -> tuple:
+    size, seq, chunks = path.stem.split("_")
+    return size != "base", int(seq.removeprefix("seq")), int(chunks.removeprefix("chunks"))
+  for path in sorted(folder.glob("*.json"), key=order):
+    size, seq, chunks = path.stem.split("_")
+    train = json.loads(path.read_text())["programs"]["train"]
+    lines.append(f"| {size}, {seq.removeprefix('seq')} tokens | {chunks.removeprefix('chunks')} | "
+                 f"{train['hbm_bytes'] / 1e9:.1f} GB | {train['memory']['temp'] / 2**30:.2f} GiB | "
+                 f"{train['memory']['peak'] / 2**30:.2f} GiB | {1e3 * train['bound']['step_s']:.2f} ms "
+                 f"({train['bound']['binding']}) |")
+  return "\n".join(lines)
+
+
+def _shape_records() -> list[Path]:
+  return sorted(p for p in RESULTS.glob("*/*/shapes_*.json"))
+
+
+@table("step-shapes")
+def step_shapes() -> str:
+  """The train step on the row lengths WMT's batches have, weighted by the stand-in's length mix."""
+  lines = ["| record | machine | model, tokens / step | `loss_chunks` | per row length: target tokens/s "
+           "(MFU) | the stand-in's mix: real target tokens/s, MFU, positions real |",
+           "|---|---|---|---|---|---|"]
+  for path in _shape_records():
+    r = json.loads(path.read_text())
+    machine = json.loads((path.parent / "machine.json").read_text())
+    per = "; ".join(f"{s['seq_len']}: {s['target_tokens_per_sec']:,.0f}"
+                    + (f" ({s['mfu']:.0%})" if s["mfu"] else "") for s in r["shapes"])
+    mix = r.get("mix")
+    mixed = (f"{mix['real_target_tokens_per_sec']:,.0f}, "
+             f"{mix['mfu']:.0%}, {mix['target_positions_real']:.1%}" if mix and mix["mfu"] else
+             f"{mix['real_target_tokens_per_sec']:,.0f}" if mix else "–")
+    device = machine["cpu"] if r["backend"] == "cpu" else r["device"]
+    lines.append(f"| `{path.parent.relative_to(RESULTS)}` | {device} | {r['dtype']}, "
+                 f"{r['target_tokens_per_step']:,} | {path.stem.rsplit('chunks', 1)[-1]} | {per} | "
+                 f"{mixed} |")
   return "\n".join(lines)
 
 

@@ -1,8 +1,10 @@
 """The benchmark's bookkeeping (not its timings, which are never asserted)."""
 
+import json
 import math
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from helpers import tiny_run_config
 
@@ -114,3 +116,47 @@ def test_input_pipeline_benchmark_counts_real_tokens(tmp_path):
   assert run["target_tokens_per_sec"] * run["seconds"] == pytest.approx(
       5 * run["real_target_tokens_per_batch"]["mean"])
   assert 0 <= result["stub_training"][0]["steps_waiting_share"] <= 1
+
+
+def test_shapes_and_their_mix_against_a_hand_computation():
+  """Two timed shapes (rows of 8 and 16 tokens) and five pairs: the mix pads each pair to the
+  shortest shape that holds it and counts each shape's steps from its padded positions."""
+  shapes = [{"seq_len": 8, "target_tokens_per_step": 64, "step_sec_median": 0.5,
+             "flops_per_step": 1e12},
+            {"seq_len": 16, "target_tokens_per_step": 64, "step_sec_median": 1.0,
+             "flops_per_step": 3e12}]
+  lengths = np.array([[5, 6], [8, 3], [9, 12], [16, 16], [20, 4]])  # the last fits no shape
+  mix = benchmark_lib.mix_figures(shapes, lengths, peak=2.0, devices=2)
+  # shape 8: pairs 0, 1 -> 16 positions = 0.25 steps, 0.125 s; shape 16: pairs 2, 3 -> 32 = 0.5
+  # steps, 0.5 s; real target tokens 6 + 3 + 12 + 16 = 37
+  assert mix["pairs_longer_than_every_shape"] == 1
+  assert mix["real_target_tokens_per_sec"] == pytest.approx(37 / 0.625)
+  assert mix["target_positions_real"] == pytest.approx(37 / 48)
+  assert mix["mfu"] == pytest.approx((0.25 * 1e12 + 0.5 * 3e12) / 0.625 / 4e12)
+  assert [s["time_share"] for s in mix["per_shape"]] == pytest.approx([0.2, 0.8])
+  assert [s["pair_share"] for s in mix["per_shape"]] == pytest.approx([0.4, 0.4])
+
+
+def test_shape_lists_and_length_histograms(tmp_path):
+  cfg = tiny_run_config(tmp_path)
+  assert benchmark_lib.shape_lengths(cfg, "16,8,16") == [8, 16]
+  assert benchmark_lib.shape_lengths(cfg, "buckets")[-1] == cfg.data.max_len
+  assert benchmark_lib.shape_lengths(cfg, "packed") == [cfg.data.pack_length]
+  with pytest.raises(Exception, match="--shapes takes 'buckets', 'packed' or row lengths"):
+    benchmark_lib.shape_lengths(cfg, "wmt")
+  (tmp_path / "hist.json").write_text(json.dumps({"lengths": [[3, 4, 2], [7, 5, 1]]}))
+  np.testing.assert_array_equal(benchmark_lib.length_mix(str(tmp_path / "hist.json")),
+                                [[3, 4], [3, 4], [7, 5]])
+  with pytest.raises(Exception, match="neither a token cache directory"):
+    benchmark_lib.length_mix(str(tmp_path / "missing.json"))
+
+
+@pytest.mark.slow
+def test_benchmark_times_each_shape(tmp_path):
+  cfg = tiny_run_config(tmp_path)
+  result = benchmark(cfg, batch_tokens=96, seq_len=8, steps=1, warmup=0, peak_tflops=2.0,
+                     shapes=[8, 16], mix=np.array([[5, 6], [12, 9]]))
+  assert [(s["seq_len"], s["rows"]) for s in result["shapes"]] == [(8, 12), (16, 6)]
+  for s in result["shapes"]:
+    assert s["target_tokens_per_sec"] == pytest.approx(s["target_tokens_per_step"] / s["step_sec_median"])
+  assert result["mix"]["pairs"] == 2 and result["mix"]["target_positions_real"] == pytest.approx(15 / 24)

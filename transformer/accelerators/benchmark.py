@@ -125,7 +125,8 @@ def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int | None, seq_len:
               warmup: int, decode_sentences: int = 0, peak_tflops: float | None = None,
               measure_peak: bool = False, checkpoint_saves: int = 0,
               checkpoint_dir: str | None = None, real_batches: int = 0,
-              reference_sentences: int = 0) -> dict[str, Any]:
+              reference_sentences: int = 0, shapes: list[int] | None = None,
+              mix: np.ndarray | None = None) -> dict[str, Any]:
   """Times training steps (on batches of `batch_tokens`, default the config's
   data.tokens_per_batch), then `real_batches` steps on the config's own training batches if asked,
   decoding if `decode_sentences` (-1: the whole evaluation split; `reference_sentences` of them
@@ -160,6 +161,9 @@ def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int | None, seq_len:
   params = holder["state"].params
   result = step_figures(cfg, config, mesh, params, rows, seq_len, compile_sec, times,
                         float(sums["loss"] / sums["tokens"]), peak_tflops, measure_peak)
+  if shapes:
+    result.update(benchmark_shapes(cfg, fns, holder, mesh, config, batch_tokens, shapes, steps,
+                                   warmup, result["peak_tflops_per_device"], mix))
   if real_batches:
     result.update(benchmark_real_batches(cfg, fns, holder, mesh, real_batches))
   if decode_sentences:
@@ -168,6 +172,96 @@ def benchmark(cfg: ml_collections.ConfigDict, batch_tokens: int | None, seq_len:
   if checkpoint_saves:
     result.update(benchmark_checkpoint(holder, one_step, checkpoint_saves, checkpoint_dir))
   result["peak_memory_bytes"] = peak_memory_bytes()
+  return result
+
+
+def shape_lengths(cfg: ml_collections.ConfigDict, spec: str) -> list[int]:
+  """--shapes: 'buckets' (every length bucket of data.max_len, as the loader pads), 'packed' (rows
+  of data.pack_length), or row lengths ('8,16,32')."""
+  if spec == "buckets":
+    return batching.bucket_boundaries(cfg.data.max_len)
+  if spec == "packed":
+    return [cfg.data.pack_length]
+  try:
+    return sorted({int(n) for n in spec.split(",")})
+  except ValueError:
+    raise app.UsageError(f"--shapes takes 'buckets', 'packed' or row lengths like 8,16,32; got {spec!r}") from None
+
+
+def length_mix(path: str) -> np.ndarray:
+  """[pairs, 2] (source, target) lengths in tokens, EOS included: a token cache's lengths.npy, or a
+  JSON histogram {"lengths": [[source, target, pairs], ...]} such as the stand-in corpus's record."""
+  path = Path(path)
+  if path.is_dir():
+    return np.asarray(np.load(path / "lengths.npy", mmap_mode="r"), np.int64)
+  if path.suffix == ".json" and path.is_file():
+    rows = np.asarray(json.loads(path.read_text())["lengths"], np.int64)
+    return np.repeat(rows[:, :2], rows[:, 2], axis=0)
+  raise DataError(f"--mix={path} is neither a token cache directory (with lengths.npy) nor a JSON "
+                  "length histogram")
+
+
+def mix_figures(shapes: list[dict[str, Any]], lengths: np.ndarray, peak: float | None,
+                devices: int) -> dict[str, Any]:
+  """The shapes' step times weighted as an epoch of these pairs would use them: each pair padded
+  to the shortest timed row length that holds its longer side (as the loader's buckets pad), the
+  steps of each shape counted from its padded positions. Pairs longer than every shape are left
+  out (and counted)."""
+  bounds = np.array([s["seq_len"] for s in shapes])
+  longer = lengths.max(axis=1)
+  shape_of = np.searchsorted(bounds, longer)
+  kept = shape_of < len(bounds)
+  seconds = flops = real = 0.0
+  per_shape = []
+  for i, s in enumerate(shapes):
+    mine = kept & (shape_of == i)
+    steps = mine.sum() * s["seq_len"] / s["target_tokens_per_step"]
+    seconds += steps * s["step_sec_median"]
+    flops += steps * s["flops_per_step"]
+    real += float(lengths[mine, 1].sum())
+    per_shape.append({"seq_len": s["seq_len"], "pair_share": float(mine.mean()),
+                      "time_share": steps * s["step_sec_median"]})
+  for s in per_shape:
+    s["time_share"] /= seconds
+  return {"pairs": len(lengths), "pairs_longer_than_every_shape": int((~kept).sum()),
+          "real_target_tokens_per_sec": real / seconds,
+          "target_positions_real": real / sum(
+              float((kept & (shape_of == i)).sum()) * b for i, b in enumerate(bounds)),
+          "mfu": flops / seconds / (peak * devices * 1e12) if peak else None,
+          "per_shape": per_shape}
+
+
+def benchmark_shapes(cfg: ml_collections.ConfigDict, fns, holder: dict[str, Any],
+                     mesh: jax.sharding.Mesh, config: ModelConfig, batch_tokens: int,
+                     lengths: list[int], steps: int, warmup: int, peak: float | None,
+                     mix: np.ndarray | None) -> dict[str, Any]:
+  """The step timed at each row length (full synthetic rows of the batch's token budget, as the
+  loader makes for that bucket), and with `mix` their weighted whole."""
+  shapes = []
+  for length in lengths:
+    rows = batching.rows_per_batch(batch_tokens, length, mesh.size * cfg.train.grad_accum_steps)
+    batch = partitioning.shard_batch({"src": synthetic_tokens(rows, length, config.vocab_size, 0),
+                                      "tgt": synthetic_tokens(rows, length, config.vocab_size, 1)},
+                                     mesh)
+
+    def one_step(batch=batch):
+      holder["state"], sums = fns.step(holder["state"], batch, dropout_key(cfg))
+      return sums
+
+    log.info("Shape %d rows x %d tokens: compiling, then %d steps", rows, length, steps)
+    compile_sec = timed(one_step, 1)[0]
+    timed(one_step, warmup)
+    times = spread(timed(one_step, steps))
+    tokens = rows * length
+    flops = training_flops_per_target_token(config, length, length) * tokens
+    shapes.append({"seq_len": length, "rows": rows, "target_tokens_per_step": tokens,
+                   "compile_sec": round(compile_sec, 2), "step_sec_median": times["median"],
+                   "step_sec_p10": times["p10"], "step_sec_p90": times["p90"],
+                   "target_tokens_per_sec": tokens / times["median"], "flops_per_step": flops,
+                   "mfu": flops / times["median"] / (peak * mesh.size * 1e12) if peak else None})
+  result = {"shapes": shapes}
+  if mix is not None:
+    result["mix"] = mix_figures(shapes, mix, peak, mesh.size)
   return result
 
 
@@ -384,7 +478,8 @@ def main(argv: list[str]) -> None:
     result = benchmark(FLAGS.config, FLAGS.batch_tokens, FLAGS.seq_len, FLAGS.steps,
                        FLAGS.warmup, FLAGS.decode_sentences, FLAGS.peak_tflops, FLAGS.measure_peak,
                        FLAGS.checkpoint_saves, FLAGS.checkpoint_dir, FLAGS.real_batches,
-                       FLAGS.reference)
+                       FLAGS.reference, shape_lengths(FLAGS.config, FLAGS.shapes) if FLAGS.shapes
+                       else None, length_mix(FLAGS.mix) if FLAGS.mix else None)
   text = json.dumps(result)
   if jax.process_index() == 0:
     print(text)
@@ -413,6 +508,14 @@ def run() -> None:
   flags.DEFINE_integer("real_batches", 0, "Also time this many steps on the config's own training "
                        "batches (padding included; all their shapes compiled first) and report "
                        "real target tokens/s, the figure the training log prints.")
+  flags.DEFINE_string("shapes", None, "Also time the step at these row lengths, as the real loader "
+                      "makes them: 'buckets' (every length bucket up to data.max_len), 'packed' "
+                      "(rows of data.pack_length) or lengths like 8,16,32,64,128,256; tokens/s and "
+                      "MFU per shape.")
+  flags.DEFINE_string("mix", None, "With --shapes: weight the shapes as an epoch of these pairs "
+                      "would (a token cache directory, or a JSON length histogram such as "
+                      "experiments/results/input_pipeline/standin_lengths.json): the mixed tokens/s "
+                      "and MFU.")
   flags.DEFINE_string("output", None, "Also write the JSON result to this file.")
   define_distributed_flags()
   flags.DEFINE_bool("input_pipeline", False, "Time the config's training loader instead "
