@@ -7,7 +7,6 @@ import re
 import pytest
 
 from experiments import tables
-from experiments.analyses import input_pipeline_table
 
 # A measured-looking figure: two decimals (BLEU), a ratio, or a number with a unit of time, memory,
 # speed or share. Dataset sizes and config values (37,000 BPE, 3,003 lines) are not figures.
@@ -73,7 +72,7 @@ def test_input_table_reads_what_the_record_says(tmp_path):
                 "dropped": {"empty": 9000, "too_long": 4500, "length_ratio": 9000}}}))
   (tmp_path / "standin.json").write_text(json.dumps(
       {"injected": {"empty": 9000, "too_long": 4500, "length_ratio": 9000}}))
-  text = input_pipeline_table.table(tmp_path)
+  text = tables._input_pipeline_table(tmp_path)
   assert "| both | **6.0 min** |" in text  # 60 s + 300 s
   assert "| dropped: empty / over-long / length ratio > 9 | 9,000 / 4,500 / 9,000 |" in text
   assert "| injected by the generator | 9,000 / 4,500 / 9,000 |" in text

@@ -1,4 +1,4 @@
-"""experiments.analyses.op_trace: trace events mapped to the JAX ops they were compiled from."""
+"""transformer/accelerators/op_trace.py: trace events mapped to the JAX ops they were compiled from."""
 
 import glob
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.analyses.op_trace import op_times, traced_ops, xla_ops
+from transformer.accelerators.op_trace import op_times, traced_ops, xla_ops
 
 HLO = """
 ENTRY %main {

@@ -37,7 +37,9 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from experiments.analyses.op_trace import (
+from transformer import partitioning
+from transformer.accelerators.benchmark import synthetic_tokens
+from transformer.accelerators.op_trace import (
   LIBRARY_KERNEL,
   op_times,
   print_breakdown,
@@ -45,8 +47,6 @@ from experiments.analyses.op_trace import (
   traced_ops,
   xla_ops,
 )
-from transformer import partitioning
-from transformer.accelerators.benchmark import synthetic_tokens
 from transformer.cli import run_program
 from transformer.config import validate
 from transformer.model.transformer import ModelConfig, Transformer
