@@ -82,7 +82,13 @@ def default_run() -> str:
     minutes = " / ".join(f"{m:.0f} min" for m, _, _ in runs)
     lines.append(f"| {machine} | {len(runs)} | {minutes} | {_mean_sd([b for _, b, _ in runs])} | "
                  f"`{folder}` |")
-  lines.append("| a GPU | | not measured yet | not measured yet | |")
+  gpu_runs = [f for f in sorted((RESULTS / "gpu").glob("*-whole-program")) if (f / "metrics.jsonl").is_file()]
+  for folder in gpu_runs:  # experiments/recipes/gpu_whole_program.sh: one seed, resumed half way
+    minutes, bleu, _ = _run_summary(folder)
+    gpu = (folder / "gpu.txt").read_text().split(",")[0].strip()
+    lines.append(f"| one {gpu} | 1 | {minutes:.0f} min | {bleu:.2f} | `{folder.relative_to(RESULTS)}` |")
+  if not gpu_runs:
+    lines.append("| a GPU | | not measured yet | not measured yet | |")
   return "\n".join(lines)
 
 
