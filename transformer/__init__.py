@@ -1,5 +1,6 @@
 """A paper-faithful JAX/Flax Transformer for machine translation; docs/architecture.md maps it."""
 
+import multiprocessing
 import os
 import sys
 
@@ -14,6 +15,8 @@ def _import_jax_quietly() -> None:
   import nothing here."""
   program = os.path.basename(sys.argv[0]) if sys.argv else ""
   if not (program.startswith("transformer-") or program == "-m") or "jax" in sys.modules:
+    return
+  if multiprocessing.parent_process() is not None:  # a worker spawned with the program's argv
     return
   if hardware.accelerator_devices()["gpu"]:
     return
