@@ -261,7 +261,7 @@ def cpu_train_step() -> str:
 @table("checkpoint-stalls")
 def checkpoint_stalls() -> str:
   """What an asynchronous checkpoint save costs training (the same CPU record)."""
-  folder, machine = _cpu_record()
+  folder, _ = _cpu_record()
   lines = ["| model (parameters + 2 Adam moments, float32) | checkpoint | training paused (median, "
            "max) | whole write | a step during the write | record |", "|---|---|---|---|---|---|"]
   for name, r in _cpu_benchmarks():

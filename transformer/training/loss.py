@@ -7,9 +7,9 @@ for their gradient), written to memory and read back several times. `projected_l
 ...)` computes the same sums from the decoder's output x [B, T, D] and the output matrix [V, D]: the
 projection, log-softmax, loss and their backward pass run a chunk of target positions at a time
 (a scan over T), so no more than [B, T / chunks, V] logits exist at once. The backward pass
-recomputes each chunk's logits (one more projection, ~2% of a base step's FLOPs) instead of keeping
-them. Same numbers: tests/test_loss.py checks both sums and gradients against `loss_sums` on the
-projected logits.
+recomputes each chunk's logits (one more projection: +10% of base's matmul FLOPs compiled for
+8xH100, experiments/results/accelerators/loss_chunks/) instead of keeping them. Same numbers:
+tests/test_loss.py checks both sums and gradients against `loss_sums` on the projected logits.
 
 Both gradients are written by hand (p - q): autodiff of a log-softmax over the vocabulary made the
 largest single op of a CPU step.
