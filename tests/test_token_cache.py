@@ -81,25 +81,64 @@ def test_open_or_build_builds_once_then_reuses_and_rebuilds_when_stale(tmp_path,
   assert [p.name for p in rebuilt.directory.parent.iterdir()] == [rebuilt.directory.name]
 
 
-@pytest.mark.parametrize("damage", ["truncated", "meta", "missing", "format"])
-def test_a_damaged_cache_is_an_error_that_says_how_to_rebuild(tmp_path, damage):
-  cache = cache_lib.from_pairs(tmp_path / "c", [[5, 6, 7]] * 10, [[8, 9]] * 10)
-  if damage == "truncated":
-    with open(cache.directory / "tgt.bin", "r+b") as f:
-      f.truncate(7)
-    match = "tgt.bin is 7 bytes, expected 60: the cache is truncated or corrupt; rebuild it with"
-  elif damage == "meta":
-    (cache.directory / "meta.json").write_text("{not json")
-    match = "meta.json is corrupt"
-  elif damage == "missing":
-    (cache.directory / "lengths.npy").unlink()
-    match = "cannot read the token cache"
+CACHE_FILES = ("src.bin", "tgt.bin", "offsets.npy", "lengths.npy", "index.npy", "meta.json")
+DAMAGES = ("missing", "empty", "truncated", "wrong_dtype", "wrong_shape", "meta_disagrees")
+
+
+def damage_file(path, damage):
+  """Damages one file of a cache as a full disk, a killed copy or another version would."""
+  if damage == "missing":
+    path.unlink()
+  elif damage == "empty":
+    path.write_bytes(b"")
+  elif damage == "truncated":
+    path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
+  elif path.name == "meta.json":
+    meta = json.loads(path.read_text())
+    if damage == "wrong_dtype":
+      meta["dtype"] = "float32"
+    elif damage == "wrong_shape":
+      meta["pairs"] += 1
+    else:
+      meta["tokens"][1] += 2
+    path.write_text(json.dumps(meta))
+  elif path.suffix == ".bin":  # raw ids: another dtype doubles the bytes, another shape adds some
+    ids = np.fromfile(path, np.uint16)
+    path.write_bytes(ids.astype(np.uint32).tobytes() if damage == "wrong_dtype" else
+                     ids.tobytes() + (b"\0\0" if damage == "wrong_shape" else ids[:1].tobytes()))
   else:
-    meta = json.loads((cache.directory / "meta.json").read_text())
-    (cache.directory / "meta.json").write_text(json.dumps({**meta, "format": 0}))
-    match = "format 0, this version reads format 1"
-  with pytest.raises(DataError, match=match):
-    cache_lib.TokenCache(cache.directory, rebuild="python -m transformer.training.prepare --config=X")
+    array = np.load(path)
+    if damage == "wrong_dtype":
+      array = array.astype(np.float32)
+    elif damage == "wrong_shape":
+      array = array[:-1]
+    else:  # numbers that disagree with meta.json (and the other arrays)
+      array = array.copy()
+      array[-1] += 3
+    np.save(path, array)
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+@pytest.mark.parametrize("name", CACHE_FILES)
+def test_every_damage_to_every_cache_file_is_rebuilt_or_a_one_line_error(tmp_path, small_vocab,
+                                                                         text, name, damage):
+  _, vocab_path = small_vocab
+  data = files_config(tmp_path, text.source[:40], text.target[:40])
+  open_source = lambda: sources.open_split(data, "train")
+  good = cache_lib.open_or_build(data, "train", vocab_path, cache_lib.Filters(), open_source)
+  expected = [[side.tolist() for side in good.pair(i)] for i in (0, 39)]  # copies: the file changes
+  directory = good.directory
+  del good
+  damage_file(directory / name, damage)
+  rebuild = "python -m transformer.training.prepare --config=X"
+  with pytest.raises(DataError) as error:  # a reader (the benchmark's --token_cache, a worker)
+    cache_lib.TokenCache(directory, rebuild=rebuild)
+  message = str(error.value)
+  assert "\n" not in message and (rebuild in message or "rebuild" in message), message
+  rebuilt = cache_lib.open_or_build(data, "train", vocab_path, cache_lib.Filters(), open_source)
+  for i, (src, tgt) in zip((0, 39), expected):  # prepare and training rebuild it
+    assert rebuilt.pair(i)[0].tolist() == src and rebuilt.pair(i)[1].tolist() == tgt
+  assert sorted(p.name for p in directory.parent.iterdir()) == [directory.name]
 
 
 def test_a_failed_write_leaves_nothing_behind(tmp_path, monkeypatch):
@@ -112,6 +151,94 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path, monkeypatch):
     cache_lib.from_pairs(tmp_path / "c", [[5, 5]] * 3, [[6]] * 3)
   assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]  # no partial directory
   assert len(cache_lib.TokenCache(old.directory)) == 3 and old.pair(0)[0].tolist() == [5, EOS_ID]
+
+
+def _full_disk_in_worker(task):
+  raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("where", ["worker", "writer"])
+def test_a_full_disk_in_a_worker_or_the_writer_ends_the_build_in_seconds(
+    tmp_path, small_vocab, text, monkeypatch, where):
+  import time
+  _, vocab_path = small_vocab
+  data = files_config(tmp_path, text.source[:800], text.target[:800])
+  monkeypatch.setattr(cache_lib, "CHUNK", 50)  # 16 chunks for two worker processes
+  if where == "worker":  # (a spawned worker imports this module: the task itself fails there)
+    monkeypatch.setattr(cache_lib, "_encode_chunk", _full_disk_in_worker)
+  else:
+    calls = []
+    real_add = cache_lib.CacheWriter.add
+    def add(self, *args, **kwargs):
+      calls.append(1)
+      if len(calls) == 3:
+        raise OSError(errno.ENOSPC, "No space left on device")
+      return real_add(self, *args, **kwargs)
+    monkeypatch.setattr(cache_lib.CacheWriter, "add", add)
+  t = time.perf_counter()
+  with pytest.raises(DataError, match=r"\(the disk is full\).*nothing was left behind"):
+    cache_lib.build(tmp_path / "caches" / "c", sources.open_split(data, "train"), vocab_path,
+                    cache_lib.Filters(), corpus="c", workers=2)
+  assert time.perf_counter() - t < 60  # (a hang would be for ever; this bounds the test)
+  assert list((tmp_path / "caches").iterdir()) == []
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+  """A 2 MB tmpfs mounted in tmp_path (needs root; skipped elsewhere)."""
+  import subprocess
+  mount = tmp_path / "small"
+  mount.mkdir()
+  done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+                        capture_output=True)
+  if done.returncode:
+    pytest.skip(f"cannot mount a small filesystem here: {done.stderr.decode().strip()}")
+  yield mount
+  subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_real_full_disk_is_one_error_and_leaves_the_disk_as_it_was(tmp_path, small_vocab, text,
+                                                                     small_filesystem, monkeypatch):
+  _, vocab_path = small_vocab
+  many = 40 * len(text.source)  # ~40k pairs: ~2.5 MB of ids, more than the filesystem holds
+  data = files_config(tmp_path, text.source * 40, text.target * 40)
+  monkeypatch.setattr(cache_lib, "CHUNK", 5000)
+  with pytest.raises(DataError, match=r"\(the disk is full\)"):
+    cache_lib.build(small_filesystem / "c", sources.open_split(data, "train"), vocab_path,
+                    cache_lib.Filters(), corpus="c", workers=2)
+  assert list(small_filesystem.iterdir()) == [] and many > 0
+
+
+def test_partial_builds_that_killed_builds_left_are_removed_by_the_next_build(tmp_path, caplog):
+  import socket
+  import time
+  dead = tmp_path / f".c.partial-{socket.gethostname()}-999999999-abc"  # no such process
+  running = tmp_path / f".c.partial-{socket.gethostname()}-{os.getpid()}-abc"
+  legacy_old, legacy_new = tmp_path / ".c.partial-k2j_x8aa", tmp_path / ".c.partial-q1w2e3r4"
+  for partial in (dead, running, legacy_old, legacy_new):
+    partial.mkdir()
+    (partial / "src.bin").write_bytes(b"\0" * 1000)
+  past = time.time() - 2 * cache_lib.STALE_SECONDS
+  os.utime(legacy_old / "src.bin", (past, past))
+  os.utime(legacy_old, (past, past))
+  with caplog.at_level("INFO", logger="transformer"):
+    cache_lib.from_pairs(tmp_path / "c", [[5]] * 3, [[6]] * 3)
+  assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["c", running.name, legacy_new.name])
+  assert "Removed 2 partial build(s) of the token cache c" in caplog.text and "0.0 MB" in caplog.text
+
+
+def test_control_characters_become_spaces_and_are_counted(tmp_path, small_vocab):
+  vocab, vocab_path = small_vocab
+  src = ["a dog\truns", "a cat", "two\r men\x00 sit", "a man"]
+  tgt = ["ein Hund läuft", "eine\tKatze", "zwei Männer sitzen", "ein Mann"]
+  data = files_config(tmp_path, src, tgt)
+  cache = cache_lib.build(tmp_path / "c", sources.open_split(data, "train"), vocab_path,
+                          cache_lib.Filters(), corpus="c")
+  assert cache.meta["control_characters_replaced"] == {"source_lines": 2, "target_lines": 1}
+  assert cache.pair(0)[0].tolist() == vocab.encode("a dog runs") + [EOS_ID]
+  assert cache.pair(2)[0].tolist() == vocab.encode("two  men  sit") + [EOS_ID]
+  assert cache.pair(1)[1].tolist() == vocab.encode("eine Katze") + [EOS_ID]
+  assert sources.normalise_controls(["x\x1by\x85z", "ok"]) == (["x y z", "ok"], 1)
 
 
 def test_synthetic_cache_has_wmt_shaped_lengths(tmp_path):

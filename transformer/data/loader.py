@@ -273,7 +273,7 @@ class MakeBatch:
                                          self.subword["split"]), load_vocab(self.subword["vocab"]))
     text, vocab = self._text
     cache, planner = self.cache, self.planner
-    texts = text.read(cache.index[members])
+    texts = [sources.normalise_controls(side)[0] for side in text.read(cache.index[members])]
     room = (planner.costs[members].astype(np.int64) if self.spec.mode == "pack"
             else np.full(len(members), length, np.int64))
     sides = []

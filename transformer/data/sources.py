@@ -14,6 +14,7 @@ import dataclasses
 import gzip
 import hashlib
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
@@ -35,6 +36,24 @@ MULTI30K_TEST_URLS = {  # not bundled; for users with a network.
 
 class DataError(UserError, ValueError):
   """Input data that cannot be used; the message says which file and what to do."""
+
+
+# C0 and C1 control characters but the line end: tabs, carriage returns inside a line, NULs, escapes.
+_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def normalise_controls(lines: Sequence[str]) -> tuple[list[str], int]:
+  """`lines` with every control character (tab, carriage return, NUL, ...; C0 and C1) replaced by a
+  space, and how many lines had one. SentencePiece's identity rule would otherwise keep them as
+  pieces of their own ('\t' in a corpus's vocabulary); as spaces, they merge with their neighbours.
+  Everything that encodes text applies it: the vocabulary's sample, the token cache, BPE-dropout,
+  translation and scoring."""
+  out, changed = [], 0
+  for line in lines:
+    if _CONTROL.search(line):
+      line, changed = _CONTROL.sub(" ", line), changed + 1
+    out.append(line)
+  return out, changed
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,8 @@ file's size against meta.json, so a truncated file is an error that names the co
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import contextlib
 import dataclasses
 import errno
 import hashlib
@@ -31,6 +33,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -38,14 +41,14 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer.data.sources import DataError
+from transformer.data.sources import DataError, normalise_controls
 from transformer.files import user_cache_dir
 from transformer.hardware import memory_mib, usable_cpus
 from transformer.tokens import EOS_ID
 
 log = logging.getLogger("transformer")
 
-FORMAT = 1
+FORMAT = 2  # 2: control characters become spaces before encoding
 META_FILE = "meta.json"
 CHUNK = 20_000  # pairs a worker encodes at a time
 DROP_REASONS = ("empty", "too_long", "length_ratio")
@@ -103,10 +106,15 @@ class TokenCache:
     meta_path = self.directory / META_FILE
     if not meta_path.is_file():
       raise DataError(f"no token cache in {self.directory} (no {META_FILE}){how}")
+    if not os.access(self.directory, os.R_OK | os.X_OK):
+      raise DataError(f"cannot read the token cache in {self.directory} (permission denied); "
+                      "make it readable or point config.data.token_cache_dir elsewhere")
     try:
       self.meta = json.loads(meta_path.read_text())
       n, dtype = int(self.meta["pairs"]), np.dtype(self.meta["dtype"])
       tokens = [int(t) for t in self.meta["tokens"]]
+      if len(tokens) != 2 or dtype not in (np.uint16, np.uint32) or n < 0 or min(tokens) < 0:
+        raise ValueError(f"pairs {n}, tokens {tokens}, dtype {dtype}")
     except (ValueError, KeyError, TypeError) as e:
       raise DataError(f"{meta_path} is corrupt ({type(e).__name__}: {e}){how}") from None
     if self.meta.get("format") != FORMAT:
@@ -123,18 +131,46 @@ class TokenCache:
       if actual != size:
         raise DataError(f"{path} is {'missing' if actual is None else f'{actual:,} bytes'}, "
                         f"expected {size:,}: the cache is truncated or corrupt{how}")
-    try:
-      self.lengths = np.load(self.directory / "lengths.npy", mmap_mode="r")
-      self.offsets = np.load(self.directory / "offsets.npy", mmap_mode="r")
-      self.index = np.load(self.directory / "index.npy", mmap_mode="r")
-    except (OSError, ValueError) as e:
-      raise DataError(f"cannot read the token cache in {self.directory} ({e}){how}") from None
-    if (self.lengths.shape != (n, 2) or self.offsets.shape != (n + 1, 2)
-        or self.index.shape != (n,) or (n and list(self.offsets[-1]) != tokens)):
-      raise DataError(f"the arrays of the token cache in {self.directory} do not match its "
-                      f"{META_FILE} ({n:,} pairs, {tokens} tokens): it is corrupt{how}")
+    arrays = {}
+    for name, (dtype_, shape) in {"lengths": (np.uint16, (n, 2)), "offsets": (np.int64, (n + 1, 2)),
+                                  "index": (np.int64, (n,))}.items():
+      path = self.directory / f"{name}.npy"
+      try:
+        arrays[name] = np.load(path, mmap_mode="r")
+      except FileNotFoundError:
+        raise DataError(f"{path} is missing: the cache is incomplete{how}") from None
+      except Exception as e:  # noqa: BLE001  numpy's EOFError, ValueError, UnpicklingError, ...
+        raise DataError(f"cannot read {path} ({type(e).__name__}: {e}): the cache is corrupt"
+                        f"{how}") from None
+      if arrays[name].dtype != dtype_ or arrays[name].shape != shape:
+        raise DataError(f"{path} holds {arrays[name].dtype} {list(arrays[name].shape)}, expected "
+                        f"{np.dtype(dtype_)} {list(shape)} ({n:,} pairs in its {META_FILE}): the "
+                        f"cache is corrupt{how}")
+    self.lengths, self.offsets, self.index = arrays["lengths"], arrays["offsets"], arrays["index"]
+    if n and list(self.offsets[-1]) != tokens:
+      raise DataError(f"the offsets of the token cache in {self.directory} end at "
+                      f"{list(self.offsets[-1])} tokens, its {META_FILE} says {tokens}: it is "
+                      f"corrupt{how}")
     self.tokens = [np.memmap(self.directory / name, dtype, mode="r") if size else
                    np.zeros(0, dtype) for name, size in zip(expected_sizes, tokens)]
+    if n and not self._spot_check(int(self.meta.get("read", n))):
+      raise DataError(f"the arrays of the token cache in {self.directory} disagree with each other "
+                      f"(lengths, offsets, positions or end-of-sentence ids): it is corrupt{how}")
+
+  def _spot_check(self, read: int, samples: int = 1024) -> bool:
+    """Whether the first, the last and `samples` pairs spread over the cache agree: offsets that
+    step by the lengths, ids that end in EOS, positions in the corpus that rise and stay below
+    `read`. A few thousand reads, not the whole arrays (40M pairs are 1.3 GB of offsets)."""
+    n = len(self.lengths)
+    i = np.unique(np.linspace(0, n - 1, min(n, samples)).astype(np.int64))
+    starts, ends = self.offsets[i], self.offsets[i + 1]
+    if self.offsets[0].any() or not (ends - starts == self.lengths[i]).all():
+      return False
+    for side in (0, 1):
+      if not (self.tokens[side][ends[:, side] - 1] == EOS_ID).all():
+        return False
+    positions = self.index[i]
+    return bool((np.diff(positions) > 0).all() and positions[0] >= 0 and positions[-1] < read)
 
   def __len__(self) -> int:
     return len(self.lengths)
@@ -162,9 +198,11 @@ def _init_worker(vocab_path: str) -> None:
 def encode_pairs(vocab, src_text: Sequence[str], tgt_text: Sequence[str], filters: Filters,
                  dtype: np.dtype) -> dict:
   """One chunk: the kept pairs' ids (EOS appended) as flat arrays, their lengths, which were kept,
-  and the drops by reason."""
+  the drops by reason, and how many pairs had control characters replaced by spaces."""
   out: dict = {}
-  ids = [vocab.encode(list(src_text)), vocab.encode(list(tgt_text))]
+  (src_text, src_changed), (tgt_text, tgt_changed) = map(normalise_controls, (src_text, tgt_text))
+  out["controls"] = [src_changed, tgt_changed]  # lines per side
+  ids = [vocab.encode(src_text), vocab.encode(tgt_text)]
   lens = [np.fromiter(map(len, side), np.int64, len(side)) for side in ids]
   keep, out["dropped"] = keep_mask(lens[0], lens[1], filters)
   out["keep"] = np.flatnonzero(keep)
@@ -174,42 +212,44 @@ def encode_pairs(vocab, src_text: Sequence[str], tgt_text: Sequence[str], filter
     out[f"{name}_len"] = lens[side][out["keep"]] + 1
   return out
 
-
 def _encode_chunk(task: tuple[list[str], list[str], Filters, str]) -> dict:
   src, tgt, filters, dtype = task
-  return encode_pairs(_vocab, src, tgt, filters, np.dtype(dtype))
+  out = encode_pairs(_vocab, src, tgt, filters, np.dtype(dtype))
+  out["peak_rss_mib"] = memory_mib()["peak"]
+  return out
 
 
-class _InProcess:
-  """The Pool interface, run in this process: for one worker, or a corpus smaller than a chunk."""
+class _InProcess(concurrent.futures.Executor):
+  """An executor that runs each task at once in this process: one worker, or a corpus smaller than
+  a chunk (processes would cost more than they save)."""
 
   def __init__(self, vocab_path: str | os.PathLike):
     _init_worker(str(vocab_path))
 
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc) -> None:
-    pass
-
-  def apply_async(self, fn, args) -> _Ready:
-    return _Ready(fn(*args))
+  def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_result(fn(*args, **kwargs))
+    return future
 
 
-@dataclasses.dataclass
-class _Ready:
-  """A result computed already, with the `get()` of Pool's AsyncResult."""
-  value: dict
-
-  def get(self) -> dict:
-    return self.value
-
-
-def _encoder(workers: int, vocab_path: str | os.PathLike):
+@contextlib.contextmanager
+def _encoders(workers: int, vocab_path: str | os.PathLike
+              ) -> Iterator[concurrent.futures.Executor]:
+  """`workers` encoding processes, shut down however the block ends: on an error the tasks not
+  started are cancelled and the running ones (at most one chunk a worker) finish, so a failed
+  build ends in seconds. (multiprocessing.Pool could hang for ever in its terminate() while its
+  task thread was blocked sending a chunk; a worker that dies is BrokenProcessPool here, not a
+  hang.)"""
   if workers == 1:
-    return _InProcess(vocab_path)
-  context = multiprocessing.get_context("spawn")  # never fork a process that may run JAX
-  return context.Pool(workers, _init_worker, (str(vocab_path),))
+    yield _InProcess(vocab_path)
+    return
+  executor = concurrent.futures.ProcessPoolExecutor(
+      workers, mp_context=multiprocessing.get_context("spawn"),  # never fork a process with JAX
+      initializer=_init_worker, initargs=(str(vocab_path),))
+  try:
+    yield executor
+  finally:
+    executor.shutdown(wait=True, cancel_futures=True)
 
 
 def _chunks(source, filters: Filters, dtype: np.dtype) -> Iterator[tuple[int, tuple]]:
@@ -219,44 +259,66 @@ def _chunks(source, filters: Filters, dtype: np.dtype) -> Iterator[tuple[int, tu
     yield start, (src, tgt, filters, dtype.str)
 
 
+def _failure(directory: Path, error: BaseException) -> DataError:
+  """The one-line error of a build that failed for want of disk, or because a worker died."""
+  if isinstance(error, OSError):
+    full = " (the disk is full)" if error.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return DataError(f"could not write the token cache {directory}{full}: {error}; nothing was "
+                     "left behind. Free space or point config.data.token_cache_dir elsewhere")
+  return DataError(f"a tokenizing worker process died while building the token cache {directory} "
+                   f"({error}); nothing was left behind. If memory ran out, build it with fewer "
+                   "cores (taskset -c 0 python -m transformer.training.prepare ...)")
+
+
 class CacheWriter:
   """Writes a cache into a temporary directory beside `directory` and puts it in place whole
   (`finish`); on any error the temporary directory goes and nothing that looks like a cache is
-  left. A failed write (a full disk) is a DataError saying so."""
+  left. A failed write (a full disk) is a DataError saying so. The temporary directory's name holds
+  this host and process (`.NAME.partial-HOST-PID-*`), so a later build of the same cache can tell
+  and remove those a killed build left (`remove_stale_partials`)."""
 
   def __init__(self, directory: str | os.PathLike, dtype: np.dtype):
     self.directory, self.dtype = Path(directory), np.dtype(dtype)
-    self.directory.parent.mkdir(parents=True, exist_ok=True)
-    self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.directory.name}.partial-",
-                                     dir=self.directory.parent))
-    self.files = [open(self.tmp / "src.bin", "wb"), open(self.tmp / "tgt.bin", "wb")]
+    self.tmp: Path | None = None
+    try:
+      self.directory.parent.mkdir(parents=True, exist_ok=True)
+      remove_stale_partials(self.directory)
+      self.tmp = Path(tempfile.mkdtemp(
+          prefix=f".{self.directory.name}.partial-{socket.gethostname()}-{os.getpid()}-",
+          dir=self.directory.parent))
+      self.files = [open(self.tmp / "src.bin", "wb"), open(self.tmp / "tgt.bin", "wb")]
+    except OSError as e:
+      if self.tmp is not None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+      raise _failure(self.directory, e) from None
     self.lengths: list[np.ndarray] = []
     self.index: list[np.ndarray] = []
     self.tokens = [0, 0]
     self.dropped = dict.fromkeys(DROP_REASONS, 0)
+    self.controls = [0, 0]
 
   def __enter__(self) -> CacheWriter:
     return self
 
   def __exit__(self, kind, error, traceback) -> None:
     for f in self.files:
-      f.close()
+      with contextlib.suppress(OSError):  # on a full disk the close's flush fails too
+        f.close()
     if error is None:
       return
     shutil.rmtree(self.tmp, ignore_errors=True)
-    if isinstance(error, OSError):
-      full = " (the disk is full)" if error.errno == errno.ENOSPC else ""
-      raise DataError(f"could not write the token cache {self.directory}{full}: {error}; nothing "
-                      "was left behind. Free space or point config.data.token_cache_dir elsewhere"
-                      ) from None
+    if isinstance(error, (OSError, concurrent.futures.process.BrokenProcessPool)):
+      raise _failure(self.directory, error) from None
 
   def add(self, ids: Sequence[np.ndarray], lengths: Sequence[np.ndarray], index: np.ndarray,
-          dropped: dict[str, int] | None = None) -> None:
+          dropped: dict[str, int] | None = None, controls: Sequence[int] = (0, 0)) -> None:
     """Appends pairs: per side their ids one after another (EOS included) and their lengths; their
-    positions in the corpus; and the pairs dropped meanwhile."""
+    positions in the corpus; the pairs dropped meanwhile, and the lines (per side) whose control
+    characters became spaces."""
     for side in (0, 1):
       self.files[side].write(np.asarray(ids[side], self.dtype).tobytes())
       self.tokens[side] += len(ids[side])
+      self.controls[side] += int(controls[side])
     self.lengths.append(np.stack(lengths, axis=1).astype(np.uint16))
     self.index.append(np.asarray(index, np.int64))
     for reason, n in (dropped or {}).items():
@@ -273,7 +335,9 @@ class CacheWriter:
     np.save(self.tmp / "index.npy", np.concatenate(self.index) if self.index else
             np.zeros(0, np.int64))
     meta = {"format": FORMAT, **meta, "pairs": len(lengths), "tokens": self.tokens,
-            "dtype": self.dtype.name, "dropped": self.dropped}
+            "dtype": self.dtype.name, "dropped": self.dropped,
+            "control_characters_replaced": {"source_lines": self.controls[0],
+                                            "target_lines": self.controls[1]}}
     (self.tmp / META_FILE).write_text(json.dumps(meta, indent=1) + "\n")
     return self._put_in_place(meta["fingerprint"])
 
@@ -306,39 +370,77 @@ class CacheWriter:
                     f"`{rebuild_command()}` before starting several runs")
 
 
+STALE_SECONDS = 600  # a partial build of another host (or an older version) untouched this long
+
+
+def remove_stale_partials(directory: Path) -> int:
+  """Removes the temporary directories killed builds of `directory` left beside it: this host's
+  whose process is gone, and others (another host's, an older version's) none of whose files
+  changed for STALE_SECONDS. Returns the bytes freed, and logs them."""
+  freed, count, host = 0, 0, socket.gethostname()
+  for partial in directory.parent.glob(f".{directory.name}.partial-*"):
+    tail = partial.name.rsplit(".partial-", 1)[1].rsplit("-", 2)
+    ours = len(tail) == 3 and tail[0] == host and tail[1].isdigit()
+    try:
+      stats = [f.stat() for f in partial.iterdir()] + [partial.stat()]
+    except OSError:
+      continue  # gone meanwhile
+    if ours and _alive(int(tail[1])):
+      continue
+    if not ours and time.time() - max(s.st_mtime for s in stats) < STALE_SECONDS:
+      continue
+    shutil.rmtree(partial, ignore_errors=True)
+    freed, count = freed + sum(s.st_size for s in stats[:-1]), count + 1
+  if count:
+    log.info("Removed %d partial build(s) of the token cache %s that killed builds left (%.1f MB "
+             "freed)", count, directory.name, freed / 1e6)
+  return freed
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    pass  # another user's process
+  return True
+
+
 def build(directory: str | os.PathLike, source, vocab_path: str | os.PathLike, filters: Filters,
           corpus: str, workers: int | None = None) -> TokenCache:
   """Tokenizes and filters every pair of `source` (anything with `len` and `read(indices)`) with
   the vocabulary at `vocab_path` in `workers` processes (default: the cores this job may use), and
   writes the cache into `directory`, replacing a stale one only once the new one is whole.
-  `corpus` is the corpus's identity (it goes into the fingerprint)."""
+  `corpus` is the corpus's identity (it goes into the fingerprint). A failure (a full disk, a
+  worker that dies) ends the build in seconds with a DataError and removes what it wrote."""
   import sentencepiece as spm
 
   from transformer.progress import Progress
   vocab_bytes = Path(vocab_path).read_bytes()
   vocab_size = spm.SentencePieceProcessor(model_file=str(vocab_path)).get_piece_size()
   name = getattr(source, "name", corpus)
-  workers = 1 if len(source) <= CHUNK else max(1, workers or usable_cpus())  # (processes would
-  t0 = time.time()                                  # cost more than they save on a small corpus)
+  workers = 1 if len(source) <= CHUNK else max(1, workers or usable_cpus())
+  t0, worker_peak = time.time(), 0
   with (CacheWriter(directory, token_dtype(vocab_size)) as writer,
-        _encoder(workers, vocab_path) as pool,
+        _encoders(workers, vocab_path) as pool,
         Progress(f"tokenizing {name}", len(source), "pairs", line_seconds=30) as bar):
     def write(start: int, chunk: dict) -> None:
+      nonlocal worker_peak
       writer.add((chunk["src"], chunk["tgt"]), (chunk["src_len"], chunk["tgt_len"]),
-                 chunk["keep"] + start, chunk["dropped"])
+                 chunk["keep"] + start, chunk["dropped"], chunk["controls"])
+      worker_peak = max(worker_peak, chunk["peak_rss_mib"] if workers > 1 else 0)
       bar.update(len(chunk["src_len"]) + sum(chunk["dropped"].values()))
 
     pending: collections.deque = collections.deque()  # in corpus order, at most 2 per worker
     for start, task in _chunks(source, filters, writer.dtype):
-      pending.append((start, pool.apply_async(_encode_chunk, (task,))))
+      pending.append((start, pool.submit(_encode_chunk, task)))
       if len(pending) >= 2 * workers:
         start, result = pending.popleft()
-        write(start, result.get())
+        write(start, result.result())
     while pending:
       start, result = pending.popleft()
-      write(start, result.get())
-    worker_peak = max((memory_mib(p.pid)["peak"] for p in getattr(pool, "_pool", [])),
-                      default=0)
+      write(start, result.result())
     cache = writer.finish(fingerprint=fingerprint(corpus, vocab_bytes, filters), corpus=name,
                           read=len(source), vocab_size=vocab_size,
                           filters=dataclasses.asdict(filters),
@@ -347,6 +449,11 @@ def build(directory: str | os.PathLike, source, vocab_path: str | os.PathLike, f
   log.info("Token cache %s: %s (%s pairs kept; %s source + %s target tokens, %.0fs with %d "
            "workers)", directory, name, f"{len(cache):,}", f"{cache.meta['tokens'][0]:,}",
            f"{cache.meta['tokens'][1]:,}", cache.meta["seconds"], workers)
+  replaced = cache.meta["control_characters_replaced"]
+  if any(replaced.values()):
+    log.info("%s: control characters (tabs, carriage returns, ...) replaced by spaces in %s "
+             "source and %s target lines", name, f"{replaced['source_lines']:,}",
+             f"{replaced['target_lines']:,}")
   return cache
 
 

@@ -123,12 +123,13 @@ def load_run_vocab(workdir: str | os.PathLike, data: ml_collections.ConfigDict
 
 
 def sample_sentences(source, num_pairs: int, seed: int) -> list[str]:
-  """Both sides of `num_pairs` pairs drawn uniformly without replacement (all pairs if fewer)."""
+  """Both sides of `num_pairs` pairs drawn uniformly without replacement (all pairs if fewer), their
+  control characters spaces (as the token cache encodes them)."""
   n = len(source)
   indices = (np.arange(n) if n <= num_pairs else
              np.sort(np.random.default_rng(seed).choice(n, num_pairs, replace=False)))
   src, tgt = source.read(indices)
-  return src + tgt
+  return sources.normalise_controls(src + tgt)[0]
 
 
 def dataset_key(data: ml_collections.ConfigDict) -> str:

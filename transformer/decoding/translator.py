@@ -27,6 +27,7 @@ from jax.sharding import Mesh, PartitionSpec
 from transformer import cli, decoding, partitioning, progress
 from transformer.data import batching
 from transformer.data.batching import pad_rows
+from transformer.data.sources import normalise_controls
 from transformer.decoding import mbr, options
 from transformer.errors import ConfigError
 from transformer.model import positions
@@ -196,6 +197,7 @@ def device_queues(members: Sequence[int], devices: int, per_device: int) -> np.n
 def _source_ids(vocab: spm.SentencePieceProcessor, sentences: Sequence[str], max_source_len: int
                 ) -> tuple[list[list[int]], int]:
   """Token ids with EOS ([] for an empty line) and how many were truncated to max_source_len."""
+  sentences = normalise_controls(sentences)[0]  # as training's token cache encoded them
   encoded = [vocab.encode(s) if s.strip() else [] for s in sentences]
   truncated = sum(len(e) > max_source_len - 1 for e in encoded)
   return [e[:max_source_len - 1] + [EOS_ID] if e else [] for e in encoded], truncated
@@ -394,6 +396,7 @@ def score(models: Transformer | Sequence[Transformer], params: Any,
     raise ConfigError(f"{len(sources)} source lines but {len(targets)} target lines; give one "
                       "target per source")
   src_ids, tgt_ids = [], []
+  sources, targets = normalise_controls(sources)[0], normalise_controls(targets)[0]
   for n, (s, t) in enumerate(zip(sources, targets), 1):
     src, tgt = vocab.encode(s) + [EOS_ID], vocab.encode(t) + [EOS_ID]
     if len(tgt) == 1:
