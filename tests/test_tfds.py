@@ -120,7 +120,7 @@ def test_wmt14_ende_trains_from_tfds(offline_downloads, tmp_path):
                         "--config.data.max_len=40", f"--report={tmp_path / 'report.json'}"],
                        capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr[-2000:]
-  caches = sorted(p for p in Path(cfg.data.token_cache_dir).iterdir())  # the ones training built
+  caches = sorted(p for p in Path(cfg.data.token_cache_dir).iterdir() if p.name[0] != ".")  # the ones training built
   assert [c.name.split(".")[1] for c in caches] == ["train", "validation"]
   assert out.stdout.splitlines() == [
       f"wmt14_translate/de-en: {data_dir}/wmt14_translate/de-en/1.0.0",

@@ -9,6 +9,7 @@ keeps its traceback (status 1).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from absl import app, flags
 
 from transformer.errors import EXIT_USER_ERROR, UserError
-from transformer.files import user_cache_dir
+from transformer.files import disk_problem, user_cache_dir
 
 
 def flags_parser(program: str) -> Callable[[list[str]], list[str]]:
@@ -138,6 +139,10 @@ def run_program(program: str, main: Callable[[list[str]], None],
       main(argv)
     except (UserError, app.UsageError) as e:
       fail(program, e)
+    except OSError as e:  # a full disk anywhere (metrics, event files, reports): no bug of ours
+      if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        raise
+      fail(program, f"could not write {e.filename or 'a file'}: {disk_problem(e)}")
     except KeyboardInterrupt:  # (training stops cleanly at the first Ctrl-C; this is the second)
       print(f"{program}: interrupted", file=sys.stderr)
       sys.exit(130)  # the shell's status for SIGINT

@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+
+from transformer.errors import UserError
 
 
 def write_atomically(path: str | os.PathLike, data: str | bytes) -> None:
   """Writes `data` (text as UTF-8) to a temporary file beside `path` and renames it over `path`:
-  a reader sees the old file or the new one, and a run killed midway never leaves half a file."""
+  a reader sees the old file or the new one, and a run killed midway never leaves half a file.
+  A failed write (a full disk) removes the temporary file and is a UserError saying so."""
   path = Path(path)
   tmp = path.with_name(path.name + ".tmp")
-  tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
-  os.replace(tmp, path)
+  try:
+    tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+    os.replace(tmp, path)
+  except OSError as e:
+    tmp.unlink(missing_ok=True)
+    raise UserError(f"could not write {path}: {disk_problem(e)}") from None
+
+
+def disk_problem(error: OSError) -> str:
+  """What an OSError from a write means for the user, in a few words and what to do."""
+  if error.errno in (errno.ENOSPC, errno.EDQUOT):
+    return f"the disk is full ({error.strerror}); free space or write elsewhere"
+  return f"{error.strerror or error}"
 
 
 def user_cache_dir(kind: str) -> Path:

@@ -30,18 +30,57 @@ log = logging.getLogger("transformer")
 __all__ = ["BatchSpec", "Loader", "PipelineState", "split_cache", "training_inputs"]
 
 
+class SplitText:
+  """The splits' text, each opened when first needed and at most once. A start whose vocabulary and
+  caches are built needs none of it: `check` looks at the files' metadata, the split's size comes
+  from its record (token_cache.recorded_pairs). Before any long work (training the vocabulary,
+  building a cache) `for_building` opens the validation split too, so files that do not pair up
+  are found in seconds, not after an hour of tokenizing."""
+
+  def __init__(self, data: ml_collections.ConfigDict):
+    self.data, self.opened = data, {}
+
+  def check(self) -> None:
+    for split in (self.data.train_split, self.data.eval_split):
+      sources.source_of(self.data).check_files(self.data, split)
+
+  def __call__(self, split: str):
+    if split not in self.opened:
+      self.opened[split] = sources.open_split(self.data, split)
+      cache_lib.record_pairs(self.data, split, len(self.opened[split]))
+    return self.opened[split]
+
+  def for_building(self, split: str):
+    """A function that opens `split` for long work on it: the validation split first."""
+    return lambda: (self(self.data.eval_split), self(split))[1]
+
+
 def split_cache(data: ml_collections.ConfigDict, split: str, vocab_path: Path,
-                build_missing: bool = True) -> cache_lib.TokenCache:
+                build_missing: bool = True, text: SplitText | None = None) -> cache_lib.TokenCache:
   """The token cache of `split` for the run's vocabulary: training pairs filtered by length and
-  ratio, validation pairs only by length (every validation pair that fits is scored)."""
+  ratio, validation pairs only by length (every validation pair that fits is scored). The text is
+  opened only if the cache must be built."""
   is_train = split == data.train_split
   filters = cache_lib.Filters(data.max_len, data.max_length_ratio if is_train else 0)
-  cache = cache_lib.open_or_build(data, split, vocab_path, filters,
-                                  lambda: sources.open_split(data, split), build_missing)
+  text = text or SplitText(data)
+  cache = cache_lib.open_or_build(data, split, vocab_path, filters, text.for_building(split),
+                                  build_missing)
   if is_train and any(cache.meta["dropped"].values()):
     log.info("%s: %s", cache.meta["corpus"],
              filters.describe(len(cache), cache.meta["dropped"]))
   return cache
+
+
+def prepared_vocabulary(data: ml_collections.ConfigDict, seed: int, text: SplitText,
+                        workdir: Path | None = None) -> Path:
+  """The vocabulary's path: the run's (WORKDIR/vocab.model, copied from the cache if new), or with no
+  workdir the cache's; trained only where none exists, reading the text only then."""
+  opener = text.for_building(data.train_split)
+  pairs = cache_lib.recorded_pairs(data, data.train_split)
+  if workdir is None:
+    return vocab_lib.cached_vocab(data, opener, seed, pairs)
+  vocab_lib.vocab_for_run(workdir, data, opener, seed, pairs)
+  return Path(workdir) / vocab_lib.VOCAB_FILE
 
 
 def training_inputs(cfg: ml_collections.ConfigDict, workdir: Path, num_devices: int
@@ -49,13 +88,15 @@ def training_inputs(cfg: ml_collections.ConfigDict, workdir: Path, num_devices: 
   """Opens the data, builds or reuses the vocabulary and token caches; returns (vocab, training
   loader, validation batches). Validation batches are made once and kept in memory."""
   data = cfg.data
-  vocab = leader_first("vocabulary", lambda: vocab_lib.vocab_for_run(
-      workdir, data, sources.open_split(data, data.train_split), cfg.seed))
-  vocab_path = Path(workdir) / vocab_lib.VOCAB_FILE
+  text = SplitText(data)
+  text.check()  # every split's files are there and readable, before anything is built
+  vocab_path = leader_first("vocabulary",
+                            lambda: prepared_vocabulary(data, cfg.seed, text, Path(workdir)))
+  vocab = vocab_lib.load_run_vocab(workdir, data)
   train_cache = leader_first("training token cache",
-                             lambda: split_cache(data, data.train_split, vocab_path))
+                             lambda: split_cache(data, data.train_split, vocab_path, text=text))
   eval_cache = leader_first("validation token cache",
-                            lambda: split_cache(data, data.eval_split, vocab_path))
+                            lambda: split_cache(data, data.eval_split, vocab_path, text=text))
   spec = BatchSpec.for_training(cfg, num_devices)
   sharding = Sharding(jax.process_index(), jax.process_count())
   subword = None

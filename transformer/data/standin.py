@@ -23,19 +23,18 @@ loader, and cheaper than its text: `--synthetic_ids --pairs=40800000` writes one
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import multiprocessing
 import os
 import time
-import types
 from pathlib import Path
 
 import numpy as np
 from absl import flags
 
 from transformer.data import sources
+from transformer.data.workers import worker_processes
+from transformer.files import disk_problem, write_atomically
 from transformer.hardware import usable_cpus
 
 # Word counts: log-normal with median 19.5 and sigma 0.7 gives a mean of ~25 words and ~0.8% of
@@ -166,19 +165,6 @@ def _make_chunk(args: tuple[int, int, int, dict[int, str]]) -> tuple[str, str]:
   return "".join(s + "\n" for s in src), "".join(t + "\n" for t in tgt)
 
 
-@contextlib.contextmanager
-def _pool(workers: int, shape: Shape, src_lang: str, tgt_lang: str):
-  """Worker processes that make chunks (spawned: JAX may be imported, never fork it), or this
-  process for one worker."""
-  if workers == 1:
-    _init_worker(shape, src_lang, tgt_lang)
-    yield types.SimpleNamespace(imap=map)
-    return
-  with multiprocessing.get_context("spawn").Pool(workers, _init_worker,
-                                                 (shape, src_lang, tgt_lang)) as pool:
-    yield pool
-
-
 def generate(out: str | os.PathLike, shape: Shape, src_lang: str = "en", tgt_lang: str = "de",
              valid_pairs: int = 3000, workers: int | None = None) -> dict:
   """Writes the stand-in corpus into `out`; returns the manifest (also `out/standin.json`)."""
@@ -192,20 +178,26 @@ def generate(out: str | os.PathLike, shape: Shape, src_lang: str = "en", tgt_lan
   tasks = [(k, s, min(s + CHUNK, shape.pairs), {i: v for i, v in junk.items()
                                                  if s <= i < s + CHUNK})
            for k, s in enumerate(starts)]
-  with (_pool(workers, shape, src_lang, tgt_lang) as pool,
-        open(out / f"train.{src_lang}.partial", "w", encoding="utf-8") as fs,
-        open(out / f"train.{tgt_lang}.partial", "w", encoding="utf-8") as ft,
-        Progress("stand-in corpus", shape.pairs, "pairs", line_seconds=30) as bar):
-    for (_, s, e, _), (src, tgt) in zip(tasks, pool.imap(_make_chunk, tasks)):
-      fs.write(src)
-      ft.write(tgt)
-      bar.update(e - s)
-  for lang in (src_lang, tgt_lang):
-    os.replace(out / f"train.{lang}.partial", out / f"train.{lang}")
-  valid = _Generator(dataclasses.replace(shape, seed=shape.seed + 1), src_lang, tgt_lang)
-  src, tgt = valid.chunk(0, 0, valid_pairs, {})
-  for lang, lines in ((src_lang, src), (tgt_lang, tgt)):
-    (out / f"valid.{lang}").write_text("".join(s + "\n" for s in lines), encoding="utf-8")
+  partial = [out / f"train.{lang}.partial" for lang in (src_lang, tgt_lang)]
+  try:
+    with (worker_processes(workers, _init_worker, (shape, src_lang, tgt_lang)) as pool,
+          open(partial[0], "w", encoding="utf-8") as fs, open(partial[1], "w", encoding="utf-8") as ft,
+          Progress("stand-in corpus", shape.pairs, "pairs", line_seconds=30) as bar):
+      for (_, s, e, _), (src, tgt) in zip(tasks, pool.map(_make_chunk, tasks)):
+        fs.write(src)
+        ft.write(tgt)
+        bar.update(e - s)
+    for lang, path in zip((src_lang, tgt_lang), partial):
+      os.replace(path, out / f"train.{lang}")
+    valid = _Generator(dataclasses.replace(shape, seed=shape.seed + 1), src_lang, tgt_lang)
+    src, tgt = valid.chunk(0, 0, valid_pairs, {})
+    for lang, lines in ((src_lang, src), (tgt_lang, tgt)):
+      write_atomically(out / f"valid.{lang}", "".join(s + "\n" for s in lines))
+  except OSError as e:
+    for path in partial:
+      path.unlink(missing_ok=True)
+    raise sources.DataError(f"could not write the stand-in corpus in {out}: {disk_problem(e)}"
+                            ) from None
   manifest = {"shape": dataclasses.asdict(shape), "languages": [src_lang, tgt_lang],
               "injected": shape.junk_counts(), "valid_pairs": valid_pairs,
               "seconds": round(time.time() - t0, 1), "workers": workers}

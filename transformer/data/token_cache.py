@@ -23,14 +23,12 @@ file's size against meta.json, so a truncated file is an error that names the co
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import contextlib
 import dataclasses
 import errno
 import hashlib
 import json
 import logging
-import multiprocessing
 import os
 import shutil
 import socket
@@ -42,7 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from transformer.data.sources import DataError, normalise_controls
-from transformer.files import user_cache_dir
+from transformer.data.workers import BrokenWorkers, worker_processes
+from transformer.files import user_cache_dir, write_atomically
 from transformer.hardware import memory_mib, usable_cpus
 from transformer.tokens import EOS_ID
 
@@ -219,39 +218,6 @@ def _encode_chunk(task: tuple[list[str], list[str], Filters, str]) -> dict:
   return out
 
 
-class _InProcess(concurrent.futures.Executor):
-  """An executor that runs each task at once in this process: one worker, or a corpus smaller than
-  a chunk (processes would cost more than they save)."""
-
-  def __init__(self, vocab_path: str | os.PathLike):
-    _init_worker(str(vocab_path))
-
-  def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
-    future: concurrent.futures.Future = concurrent.futures.Future()
-    future.set_result(fn(*args, **kwargs))
-    return future
-
-
-@contextlib.contextmanager
-def _encoders(workers: int, vocab_path: str | os.PathLike
-              ) -> Iterator[concurrent.futures.Executor]:
-  """`workers` encoding processes, shut down however the block ends: on an error the tasks not
-  started are cancelled and the running ones (at most one chunk a worker) finish, so a failed
-  build ends in seconds. (multiprocessing.Pool could hang for ever in its terminate() while its
-  task thread was blocked sending a chunk; a worker that dies is BrokenProcessPool here, not a
-  hang.)"""
-  if workers == 1:
-    yield _InProcess(vocab_path)
-    return
-  executor = concurrent.futures.ProcessPoolExecutor(
-      workers, mp_context=multiprocessing.get_context("spawn"),  # never fork a process with JAX
-      initializer=_init_worker, initargs=(str(vocab_path),))
-  try:
-    yield executor
-  finally:
-    executor.shutdown(wait=True, cancel_futures=True)
-
-
 def _chunks(source, filters: Filters, dtype: np.dtype) -> Iterator[tuple[int, tuple]]:
   for start in range(0, len(source), CHUNK):
     stop = min(start + CHUNK, len(source))
@@ -307,7 +273,7 @@ class CacheWriter:
     if error is None:
       return
     shutil.rmtree(self.tmp, ignore_errors=True)
-    if isinstance(error, (OSError, concurrent.futures.process.BrokenProcessPool)):
+    if isinstance(error, (OSError, BrokenWorkers)):
       raise _failure(self.directory, error) from None
 
   def add(self, ids: Sequence[np.ndarray], lengths: Sequence[np.ndarray], index: np.ndarray,
@@ -423,7 +389,7 @@ def build(directory: str | os.PathLike, source, vocab_path: str | os.PathLike, f
   workers = 1 if len(source) <= CHUNK else max(1, workers or usable_cpus())
   t0, worker_peak = time.time(), 0
   with (CacheWriter(directory, token_dtype(vocab_size)) as writer,
-        _encoders(workers, vocab_path) as pool,
+        worker_processes(workers, _init_worker, (str(vocab_path),)) as pool,
         Progress(f"tokenizing {name}", len(source), "pairs", line_seconds=30) as bar):
     def write(start: int, chunk: dict) -> None:
       nonlocal worker_peak
@@ -516,6 +482,31 @@ def cache_dir(data, split: str, vocab_bytes: bytes, filters: Filters) -> Path:
   ratio = f"{filters.max_ratio:g}" if filters.max_ratio else "any"
   return cache_root(data) / (f"{short}.vocab{hashlib.sha256(vocab_bytes).hexdigest()[:10]}"
                              f".len{filters.max_len}.ratio{ratio}")
+
+
+def _size_record(data, split: str) -> tuple[Path, str]:
+  short, full = corpus_identity(data, split)
+  return (cache_root(data) / ".sizes" / f"{short}.{hashlib.sha256(full.encode()).hexdigest()[:12]}"
+          ".json", full)
+
+
+def recorded_pairs(data, split: str) -> int | None:
+  """The number of pairs of `split` as last counted for this corpus (its identity: files' sizes and
+  times, TFDS directory), so that a start with its caches built never reads the text to count them;
+  None where unknown."""
+  path, identity = _size_record(data, split)
+  try:
+    record = json.loads(path.read_text())
+    return int(record["pairs"]) if record["identity"] == identity else None
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+
+def record_pairs(data, split: str, pairs: int) -> None:
+  path, identity = _size_record(data, split)
+  if recorded_pairs(data, split) != pairs:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, json.dumps({"identity": identity, "pairs": pairs}) + "\n")
 
 
 def rebuild_command(config: str = "CONFIG") -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,6 +61,9 @@ def train_vocab(sentences: Sequence[str], path: str | os.PathLike, vocab_size: i
           hard_vocab_limit=True, input_sentence_size=len(sample),
           normalization_rule_name=normalization)
     except RuntimeError as e:
+      if "output->Write" in str(e) or shutil.disk_usage(path.parent).free < 2**20:
+        raise DataError(f"could not write the vocabulary in {path.parent}: the disk is full; free "
+                        "space or point config.data.vocab_cache_dir elsewhere") from None
       raise DataError(f"SentencePiece could not build a vocabulary of {vocab_size} pieces "
                       f"({str(e).strip()}); lower config.data.vocab_size") from None
     os.replace(prefix.with_suffix(".model"), path)  # concurrent runs never see a partial file
@@ -152,22 +156,29 @@ def cached_vocab_path(data: ml_collections.ConfigDict, seed: int, corpus_pairs: 
 
 
 def vocab_for_run(workdir: str | os.PathLike, data: ml_collections.ConfigDict, source,
-                  seed: int) -> spm.SentencePieceProcessor:
+                  seed: int, corpus_pairs: int | None = None) -> spm.SentencePieceProcessor:
   """The run's vocabulary: WORKDIR/vocab.model if present (resume); else a copy of the cached one for
-  this dataset and setting, trained on a sample of `source` and cached first if there is none."""
+  this dataset and setting (`cached_vocab`)."""
   path = Path(workdir) / VOCAB_FILE
   if path.is_file():
     return load_run_vocab(workdir, data)
-  write_atomically(path, cached_vocab(data, source, seed).read_bytes())
+  write_atomically(path, cached_vocab(data, source, seed, corpus_pairs).read_bytes())
   return load_vocab(path)
 
 
-def cached_vocab(data: ml_collections.ConfigDict, source, seed: int) -> Path:
-  """The cached vocabulary for this dataset and setting, trained on a sample of `source` if absent."""
-  cached = cached_vocab_path(data, seed, len(source))
+def cached_vocab(data: ml_collections.ConfigDict, source, seed: int,
+                 corpus_pairs: int | None = None) -> Path:
+  """The cached vocabulary for this dataset and setting, trained on a sample of `source` if absent.
+  `source` is the training split or a function that opens it; with the split's size known
+  (`corpus_pairs`) it is opened only when a vocabulary must be trained."""
+  if corpus_pairs is None:
+    source = source() if callable(source) else source
+    corpus_pairs = len(source)
+  cached = cached_vocab_path(data, seed, corpus_pairs)
   if cached.is_file():
     log.info("Reusing the cached vocabulary %s", cached)
   else:
+    source = source() if callable(source) else source
     sentences = sample_sentences(source, data.vocab_sample_sentences, seed)
     train_vocab(sentences, cached, data.vocab_size, data.vocab_model_type, data.vocab_normalization)
   return cached

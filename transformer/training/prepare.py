@@ -33,7 +33,6 @@ from ml_collections import config_flags
 from transformer.cli import run_program
 from transformer.config import validate
 from transformer.data import pipeline, sources
-from transformer.data import vocab as vocab_lib
 from transformer.files import write_atomically
 from transformer.hardware import memory_mib, usable_cpus
 
@@ -119,13 +118,14 @@ def prepare_config(cfg: ml_collections.ConfigDict) -> dict:
   """The config's vocabulary and token caches (each built only if missing); what each took."""
   report: dict = {"cpus": usable_cpus()}
   t = time.time()
-  vocab_path = vocab_lib.cached_vocab(cfg.data, sources.open_split(cfg.data, cfg.data.train_split),
-                                      cfg.seed)
+  text = pipeline.SplitText(cfg.data)
+  text.check()  # every split's files are there and readable, before anything is built
+  vocab_path = pipeline.prepared_vocabulary(cfg.data, cfg.seed, text)
   report["vocabulary"] = {"path": str(vocab_path), "seconds": round(time.time() - t, 1)}
   print(f"vocabulary: {vocab_path}")
   for split in (cfg.data.train_split, cfg.data.eval_split):
     t = time.time()
-    cache = pipeline.split_cache(cfg.data, split, vocab_path)
+    cache = pipeline.split_cache(cfg.data, split, vocab_path, text=text)
     report[split] = {"path": str(cache.directory), "seconds": round(time.time() - t, 1),
                      "pairs_read": cache.meta["read"], "pairs_kept": len(cache),
                      "dropped": cache.meta["dropped"], "tokens": cache.meta["tokens"],

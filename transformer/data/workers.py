@@ -1,0 +1,46 @@
+"""Worker processes for the input side's one-off jobs (tokenizing a corpus, writing the stand-in).
+
+An executor whose shutdown is deterministic however the block ends: on an error the tasks not yet
+started are cancelled and the running ones (one a worker) finish, so a failed job ends in seconds;
+a worker that dies (killed, out of memory) is `BrokenProcessPool` at the next result, not a hang.
+multiprocessing.Pool could hang for ever in its terminate() while its task thread was blocked
+sending a large task to workers that had stopped reading (a full disk in the writer did that).
+Workers are spawned, never forked: the parent may have JAX's threads. With one worker the tasks run
+in this process, where processes would cost more than they save.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import concurrent.futures.process
+import contextlib
+import multiprocessing
+from collections.abc import Callable, Iterator
+
+BrokenWorkers = concurrent.futures.process.BrokenProcessPool
+
+
+class InProcess(concurrent.futures.Executor):
+  """An executor that runs each task at once, in this process."""
+
+  def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_result(fn(*args, **kwargs))
+    return future
+
+
+@contextlib.contextmanager
+def worker_processes(workers: int, initializer: Callable[..., None], initargs: tuple = ()
+                     ) -> Iterator[concurrent.futures.Executor]:
+  """`workers` processes, each set up by `initializer(*initargs)`; shut down on leaving."""
+  if workers <= 1:
+    initializer(*initargs)
+    yield InProcess()
+    return
+  executor = concurrent.futures.ProcessPoolExecutor(
+      workers, mp_context=multiprocessing.get_context("spawn"), initializer=initializer,
+      initargs=initargs)
+  try:
+    yield executor
+  finally:
+    executor.shutdown(wait=True, cancel_futures=True)
