@@ -251,6 +251,7 @@ class _Loop:
     self.t_start = self.interval_start = self.last_save = time.time()
     self.interval_sums, self.interval_flops, self.tokens_seen = [], 0.0, 0.0
     self.interval_real, self.interval_positions = 0.0, 0  # this process's target tokens, padding
+    self.interval_wait = 0.0  # seconds the loop waited for its next batch
     self.saved_step = self.start
 
   def train(self) -> dict[str, Any]:
@@ -263,7 +264,9 @@ class _Loop:
     healthy = jax.device_put(True, partitioning.replicated(mesh))  # laid out like the step's output
     minutes = cfg.train.checkpoint_minutes  # the wall-clock cadence; 0 = off
     for step in range(self.start, total):
+      waited = time.perf_counter()
       batch, next_data_state = next(batches)
+      self.interval_wait += time.perf_counter() - waited
       state, sums = run.fns.step(state, partitioning.shard_batch(batch, mesh), dropout_rng, healthy)
       healthy = sums["healthy"]  # stays on the device: see step.train_step
       self.watch.record(step + 1, batch, data_state, sums)
@@ -307,7 +310,8 @@ class _Loop:
                   epoch=self.run.train_pipeline.epoch_fraction(data_state),
                   elapsed=now - self.t_start, skipped_updates=self.watch.skipped,
                   tflops_per_sec=self.interval_flops / (now - self.interval_start) / 1e12,
-                  target_padding=1 - self.interval_real / max(self.interval_positions, 1))
+                  target_padding=1 - self.interval_real / max(self.interval_positions, 1),
+                  data_wait=self.interval_wait / (now - self.interval_start))
     if self.peak:
       record["mfu"] = record["tflops_per_sec"] / (self.peak * jax.device_count())
     self.tokens_seen += record.pop("tokens")
@@ -316,14 +320,15 @@ class _Loop:
     eta = record["elapsed"] / (done - self.start) * (total - done)
     mfu = f" | MFU {record['mfu']:.1%}" if "mfu" in record else ""
     log.info("step %d/%d | loss %.3f | nll %.3f | lr %.2e | %.0f tok/s | pad %.0f%% | "
-             "%.2f TFLOP/s%s | elapsed %s | ETA %s", done, total, record["loss"], record["nll"],
-             record["learning_rate"], record["tokens_per_sec"], 100 * record["target_padding"],
-             record["tflops_per_sec"], mfu,
+             "data wait %.1f%% | %.2f TFLOP/s%s | elapsed %s | ETA %s", done, total,
+             record["loss"], record["nll"], record["learning_rate"], record["tokens_per_sec"],
+             100 * record["target_padding"], 100 * record["data_wait"], record["tflops_per_sec"],
+             mfu,
              format_duration(record["elapsed"]), format_duration(eta))
     self.bar.update(0, loss=record["loss"])
     checkpoints.check_saves(self.mngr)  # a failed background write (disk full) stops the run here
     self.interval_start, self.interval_sums, self.interval_flops = time.time(), [], 0.0
-    self.interval_real, self.interval_positions = 0.0, 0
+    self.interval_real, self.interval_positions, self.interval_wait = 0.0, 0, 0.0
 
   def validate(self, done: int, state: TrainState) -> None:
     """Teacher-forced validation of the parameters (and of their moving average, if kept)."""

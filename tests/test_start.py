@@ -1,0 +1,74 @@
+"""What a training start reads before its first step, what it checks before long work, and the
+data wait it reports."""
+
+import time
+
+import pytest
+
+from helpers import tiny_run_config
+from transformer.data import sources
+from transformer.data.loader import Loader
+from transformer.data.sources import DataError
+from transformer.metrics import read_metrics
+from transformer.training.train import train_and_evaluate
+
+
+def no_text(monkeypatch):
+  """Makes any reading of a corpus's text an error (metadata stays allowed)."""
+  def refuse(*args, **kwargs):
+    raise AssertionError("the text was read")
+  monkeypatch.setattr(sources.TextFilePairs, "__init__", refuse)
+  monkeypatch.setattr(sources, "read_lines", refuse)
+
+
+def test_a_start_with_built_caches_reads_no_text(tmp_path, monkeypatch):
+  cfg = tiny_run_config(tmp_path)
+  cfg.train.steps = 3
+  train_and_evaluate(cfg, str(tmp_path / "first"))  # builds the vocabulary and both caches
+  no_text(monkeypatch)
+  cfg.train.steps = 4
+  assert train_and_evaluate(cfg, str(tmp_path / "first"))["resumed_from"] == 3  # resumed
+  assert train_and_evaluate(cfg, str(tmp_path / "second"))["resumed_from"] == 0  # fresh, cached
+
+
+def test_a_missing_validation_file_is_found_before_anything_is_built(tmp_path):
+  cfg = tiny_run_config(tmp_path)
+  (tmp_path / "val.de").unlink()
+  with pytest.raises(DataError, match=r"data file not found: .*val.de \(the validation split\)"):
+    train_and_evaluate(cfg, str(tmp_path / "run"))
+  for cache in ("vocab_cache", "token_cache", "run"):
+    assert not (tmp_path / cache).exists() or not any((tmp_path / cache).iterdir()), cache
+
+
+def test_validation_files_that_do_not_pair_up_are_found_before_the_vocabulary_is_trained(tmp_path):
+  cfg = tiny_run_config(tmp_path)
+  lines = (tmp_path / "val.de").read_text().splitlines()
+  (tmp_path / "val.de").write_text("\n".join(lines[:-3]) + "\n")
+  with pytest.raises(DataError, match="val.en has 40 lines but .*val.de has 37"):
+    train_and_evaluate(cfg, str(tmp_path / "run"))
+  assert not (tmp_path / "vocab_cache").exists() or not any((tmp_path / "vocab_cache").iterdir())
+  caches = tmp_path / "token_cache"
+  assert not caches.exists() or not [c for c in caches.iterdir() if not c.name.startswith(".")]
+
+
+def test_the_trainer_reports_the_share_of_time_it_waited_for_data(tmp_path, monkeypatch, caplog):
+  cfg = tiny_run_config(tmp_path)
+  cfg.train.steps, cfg.train.log_every, cfg.train.eval_every = 4, 2, 100
+  train_and_evaluate(cfg, str(tmp_path / "fast"))
+  fast = [r["data_wait"] for r in read_metrics(tmp_path / "fast", "train")]
+  real_batches = Loader.batches
+  def slow(self, *args, **kwargs):  # a loader far slower than the tiny model's step
+    for item in real_batches(self, *args, **kwargs):
+      time.sleep(1.0)
+      yield item
+  monkeypatch.setattr(Loader, "batches", slow)
+  with caplog.at_level("INFO", logger="transformer"):
+    train_and_evaluate(cfg, str(tmp_path / "slow"))
+  slow_records = read_metrics(tmp_path / "slow", "train")
+  waits = [r["data_wait"] for r in slow_records]
+  assert all(0 <= w <= 1 for w in fast + waits) and len(waits) == 2
+  # Steps 3 and 4 each waited the loader's 1 s: the share reported, times the interval, is 2 s.
+  interval = slow_records[1]["elapsed"] - slow_records[0]["elapsed"]
+  assert waits[1] * interval == pytest.approx(2.0, abs=0.3)
+  assert max(fast) < min(waits)
+  assert "| data wait " in caplog.text
