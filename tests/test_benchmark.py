@@ -160,3 +160,22 @@ def test_benchmark_times_each_shape(tmp_path):
   for s in result["shapes"]:
     assert s["target_tokens_per_sec"] == pytest.approx(s["target_tokens_per_step"] / s["step_sec_median"])
   assert result["mix"]["pairs"] == 2 and result["mix"]["target_positions_real"] == pytest.approx(15 / 24)
+
+
+def test_a_token_cache_of_another_vocabulary_is_refused_before_timing(tmp_path):
+  from transformer.data import token_cache as cache_lib
+  from transformer.data.sources import DataError
+  cfg = tiny_run_config(tmp_path)
+  synthetic = cache_lib.write_synthetic(tmp_path / "synthetic", 500, vocab_size=cfg.data.vocab_size + 1)
+  with pytest.raises(DataError, match=r"built for a vocabulary of 301 pieces and max_len 256, the "
+                                      r"config has 300 and 40"):
+    benchmark_input(cfg, 2, [0], [1.0], 2, token_cache=str(synthetic.directory))
+  (tmp_path / "run").mkdir()
+  training_inputs(cfg, tmp_path / "run", num_devices=1)  # the config's own vocabulary and caches
+  cfg.data.max_len = 256
+  own = cache_lib.from_pairs(tmp_path / "pairs", [[5, 6]] * 30, [[7]] * 30, vocab_size=300)
+  meta = json.loads((own.directory / "meta.json").read_text())
+  meta["filters"]["max_len"] = 256
+  (own.directory / "meta.json").write_text(json.dumps(meta))
+  with pytest.raises(DataError, match="built from other data, another vocabulary or other filters"):
+    benchmark_input(cfg, 2, [0], [1.0], 2, token_cache=str(own.directory))

@@ -306,3 +306,26 @@ def test_batches_made_by_many_threads_at_once_are_the_ones_made_in_turn(tmp_path
   for a, b in zip(in_turn, at_once, strict=True):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
+
+
+@pytest.mark.parametrize("n, keys, block", [(1000, 5, 64), (100_000, 40, 1 << 12), (70_001, 257, 999)])
+def test_stable_partition_is_a_stable_sort_by_key_without_its_index_array(n, keys, block):
+  rng = np.random.default_rng(n)
+  key = rng.integers(0, keys, n).astype(np.uint8 if keys <= 256 else np.uint16)
+  order = rng.permutation(n).astype(np.uint32)
+  got = batching.stable_partition(order, key, keys, block=block)
+  np.testing.assert_array_equal(got, order[np.argsort(key[order], kind="stable")])  # numpy's
+  assert got.dtype == np.uint32
+
+
+def test_a_worker_refuses_a_cache_replaced_under_it(tmp_path):
+  cache = cache_of(tmp_path, 50)
+  loader = make(cache, "bucket")
+  state = loader.make.__getstate__()  # what a Grain worker process receives
+  assert state["fingerprint"] == cache.fingerprint
+  cache_lib.from_pairs(tmp_path / "other", [[5, 6]] * 20, [[7]] * 20)
+  elsewhere = {**state, "cache_dir": str(tmp_path / "other")}  # another cache at its path
+  worker = type(loader.make).__new__(type(loader.make))
+  worker.__setstate__(elsewhere)
+  with pytest.raises(sources.DataError, match="was built from other data"):
+    worker(0)

@@ -4,8 +4,8 @@ data wait it reports."""
 import time
 
 import pytest
-
 from helpers import tiny_run_config
+
 from transformer.data import sources
 from transformer.data.loader import Loader
 from transformer.data.sources import DataError

@@ -439,9 +439,37 @@ def against_reference(model: Transformer, params: Any, src: list[list[int]], len
           "reference_sec": time.perf_counter() - t}
 
 
+def check_cache_fits(cache, data: ml_collections.ConfigDict, seed: int) -> None:
+  """Raises DataError where a token cache named on the command line is not the config's: another
+  vocabulary size or max_len, or (when the config's vocabulary is built) another fingerprint. A
+  synthetic cache (random ids) has no corpus or vocabulary to compare beyond those."""
+  from transformer.data import token_cache as cache_lib
+  meta = cache.meta
+  built_for = (int(meta.get("vocab_size", -1)), int(meta.get("filters", {}).get("max_len", -1)))
+  if built_for != (data.vocab_size, data.max_len):
+    raise sources.DataError(
+        f"the token cache {cache.directory} was built for a vocabulary of {built_for[0]} pieces "
+        f"and max_len {built_for[1]}, the config has {data.vocab_size} and {data.max_len}: pass "
+        "the config it was built for, or build the config's own (without --token_cache)")
+  if meta.get("corpus") == "synthetic":
+    return
+  pairs = cache_lib.recorded_pairs(data, data.train_split)
+  vocab_path = pairs is not None and vocab_lib.cached_vocab_path(data, seed, pairs)
+  if not vocab_path or not vocab_path.is_file():
+    return  # the config's vocabulary is not built here: nothing more to compare with
+  filters = cache_lib.Filters(data.max_len, data.max_length_ratio)
+  expect = cache_lib.fingerprint(cache_lib.corpus_identity(data, data.train_split)[1],
+                                 vocab_path.read_bytes(), filters)
+  if cache.fingerprint != expect:
+    raise sources.DataError(
+        f"the token cache {cache.directory} was built from other data, another vocabulary or "
+        f"other filters than the config's training split (fingerprint {cache.fingerprint}, "
+        f"expected {expect}); pass the config it was built for, or leave out --token_cache")
+
+
 def benchmark_input(cfg: ml_collections.ConfigDict, batches: int, workers: list[int],
-                    stub_step_ms: list[float], stub_steps: int, token_cache: str | None = None
-                    ) -> dict[str, Any]:
+                    stub_step_ms: list[float], stub_steps: int, token_cache: str | None = None,
+                    busy: int = 0) -> dict[str, Any]:
   """What the config's training loader delivers on this host (input_benchmark.py): from the
   config's token cache (vocabulary and cache built first if missing), or from `token_cache`."""
   from transformer.data import input_benchmark, pipeline
@@ -450,17 +478,19 @@ def benchmark_input(cfg: ml_collections.ConfigDict, batches: int, workers: list[
   validate(cfg)
   subword = None
   if token_cache:
-    cache = TokenCache(token_cache)
+    cache = TokenCache(token_cache, rebuild="the command that wrote it")
+    check_cache_fits(cache, cfg.data, cfg.seed)
   else:
-    vocab_path = vocab_lib.cached_vocab(cfg.data, sources.open_split(cfg.data, cfg.data.train_split),
-                                        cfg.seed)
-    cache = pipeline.split_cache(cfg.data, cfg.data.train_split, vocab_path)
+    text = pipeline.SplitText(cfg.data)
+    text.check()
+    vocab_path = pipeline.prepared_vocabulary(cfg.data, cfg.seed, text)
+    cache = pipeline.split_cache(cfg.data, cfg.data.train_split, vocab_path, text=text)
     if cfg.data.subword_dropout:
       subword = {"data": cfg.data.to_dict(), "split": cfg.data.train_split,
                  "vocab": str(vocab_path), "alpha": cfg.data.subword_dropout}
   spec = BatchSpec.for_training(cfg, jax.device_count())
   return input_benchmark.run(cache, spec, cfg.seed, batches, workers, stub_step_ms, stub_steps,
-                             subword)
+                             subword, busy)
 
 
 def main(argv: list[str]) -> None:
@@ -473,7 +503,7 @@ def main(argv: list[str]) -> None:
   if FLAGS.input_pipeline:
     result = benchmark_input(FLAGS.config, FLAGS.batches, [int(w) for w in FLAGS.loader_workers],
                              [float(ms) for ms in FLAGS.stub_step_ms], FLAGS.stub_steps,
-                             FLAGS.token_cache)
+                             FLAGS.token_cache, FLAGS.busy_cores)
   else:
     result = benchmark(FLAGS.config, FLAGS.batch_tokens, FLAGS.seq_len, FLAGS.steps,
                        FLAGS.warmup, FLAGS.decode_sentences, FLAGS.peak_tflops, FLAGS.measure_peak,
@@ -524,6 +554,9 @@ def run() -> None:
   flags.DEFINE_list("loader_workers", ["0"], "With --input_pipeline: Grain worker counts to time.")
   flags.DEFINE_list("stub_step_ms", ["50", "12"], "With --input_pipeline: the stand-in training "
                     "loop's step times (ms).")
+  flags.DEFINE_integer("busy_cores", 0, "With --input_pipeline: measure beside this many processes "
+                       "that keep a core each busy (a loaded host: a CPU step, a GPU host's own "
+                       "work); the record holds the load average.")
   flags.DEFINE_integer("stub_steps", 200, "With --input_pipeline: steps of the stand-in loop.")
   flags.DEFINE_string("token_cache", None, "With --input_pipeline: time this token cache (e.g. "
                       "a synthetic one) with the config's batch settings.")

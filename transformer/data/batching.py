@@ -45,6 +45,27 @@ def rows_per_batch(tokens_per_batch: int, length: int, row_multiple: int) -> int
   return max(row_multiple, tokens_per_batch // length // row_multiple * row_multiple)
 
 
+def stable_partition(order: np.ndarray, keys: np.ndarray, num_keys: int, block: int = 1 << 20
+                     ) -> np.ndarray:
+  """`order` stably sorted by `keys[order]` (small non-negative integers below `num_keys`): what
+  `order[np.argsort(keys[order], kind="stable")]` gives, a block of `block` entries at a time, so
+  nothing of the corpus's length is made but the result (no int64 array of 40M indices: 326 MB).
+  `order` must be a permutation of the indices of `keys`."""
+  counts = np.bincount(keys, minlength=num_keys)
+  cursor = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)  # where each key goes
+  out = np.empty_like(order)
+  for start in range(0, len(order), block):
+    part = order[start:start + block]
+    part_keys = keys[part]
+    by_key = np.argsort(part_keys, kind="stable")
+    sorted_keys = part_keys[by_key]
+    part_counts = np.bincount(part_keys, minlength=num_keys)
+    run_start = np.concatenate([[0], np.cumsum(part_counts)[:-1]])
+    out[cursor[sorted_keys] + np.arange(len(part)) - run_start[sorted_keys]] = part[by_key]
+    cursor += part_counts
+  return out
+
+
 def pack_templates(costs: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
   """Rows for pairs of these costs (a pair's longer side, in tokens; each <= `length`), decided on
   the histogram of costs: best-fit decreasing, every pair of a cost placed in the rows with the

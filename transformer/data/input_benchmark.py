@@ -16,6 +16,9 @@ Nothing here is asserted by a test: speed lives in benchmarks.
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import os
 import statistics
 import time
 from pathlib import Path
@@ -26,6 +29,7 @@ import numpy as np
 from transformer.data.loader import Loader, PipelineState
 from transformer.data.token_cache import TokenCache
 from transformer.hardware import memory_mib, usable_cpus
+from transformer.host_memory import release_freed_memory
 from transformer.tokens import PAD_ID
 
 WARMUP_BATCHES = 3
@@ -34,7 +38,6 @@ WAIT_THRESHOLD_SEC = 0.001  # a step "waits on data" when its batch was not read
 
 def children_pids() -> list[int]:
   """This process's descendants (Grain's workers), from /proc."""
-  import os
   parents: dict[int, list[int]] = {}
   for entry in Path("/proc").iterdir():
     if entry.name.isdigit():
@@ -140,10 +143,48 @@ def stub_training(cache: TokenCache, spec, seed: int, workers: int, step_ms: flo
           "wait_ms_median": 1000 * statistics.median(waits)}
 
 
+def _spin(seconds: float) -> None:
+  """Keeps one core busy with float work (a host's own compute: a CPU step, a GPU host's
+  feeding and bookkeeping) until `seconds` have passed."""
+  a = np.random.default_rng(0).random((256, 256))
+  end = time.time() + seconds
+  while time.time() < end:
+    a = np.tanh(a @ a)
+
+
+@contextlib.contextmanager
+def busy_cores(count: int, seconds: float = 3600.0):
+  """`count` processes that keep a core each busy while the block runs (none for 0)."""
+  if not count:
+    yield
+    return
+  context = multiprocessing.get_context("spawn")
+  spinners = [context.Process(target=_spin, args=(seconds,), daemon=True) for _ in range(count)]
+  for spinner in spinners:
+    spinner.start()
+  try:
+    yield
+  finally:
+    for spinner in spinners:
+      spinner.kill()
+      spinner.join()
+
+
 def run(cache: TokenCache, spec, seed: int, batches: int, workers: list[int],
-        stub_step_ms: list[float], stub_steps: int, subword: dict[str, Any] | None = None
-        ) -> dict[str, Any]:
-  """Everything above, for a cache and the run's batch settings."""
+        stub_step_ms: list[float], stub_steps: int, subword: dict[str, Any] | None = None,
+        busy: int = 0) -> dict[str, Any]:
+  """Everything above, for a cache and the run's batch settings; beside `busy` processes that keep
+  a core each busy (a loaded host), if asked."""
+  with busy_cores(busy):
+    time.sleep(1.0 if busy else 0.0)  # (the spinners are running before anything is timed)
+    result = _run(cache, spec, seed, batches, workers, stub_step_ms, stub_steps, subword)
+    result["busy_processes"], result["load_average_1min"] = busy, os.getloadavg()[0]
+  return result
+
+
+def _run(cache: TokenCache, spec, seed: int, batches: int, workers: list[int],
+         stub_step_ms: list[float], stub_steps: int, subword: dict[str, Any] | None
+         ) -> dict[str, Any]:
   result: dict[str, Any] = {
       "cache": str(cache.directory), "pairs": len(cache), "corpus": cache.meta["corpus"],
       "dropped": cache.meta["dropped"], "mode": spec.mode,
@@ -152,6 +193,8 @@ def run(cache: TokenCache, spec, seed: int, batches: int, workers: list[int],
   result["batches_per_epoch"] = loader.num_batches
   src, tgt = loader.planner.real_share(cache.lengths)
   result["epoch_real_share"] = {"source": src, "target": tgt}
+  del loader  # (each measurement below makes its own: the memory figures are one loader's)
+  release_freed_memory()
   result.update(start_times(cache, spec, seed, min(workers)))
   result["without_grain"] = direct(cache, spec, seed, batches)
   result["throughput"] = [throughput(cache, spec, seed, w, batches) for w in workers]

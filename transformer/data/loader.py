@@ -40,6 +40,7 @@ from absl import flags
 from transformer.data import batching
 from transformer.data.sources import DataError
 from transformer.data.token_cache import TokenCache
+from transformer.host_memory import release_freed_memory
 
 DROPOUT_HEADROOM = 1.5  # planned length / deterministic length under BPE-dropout
 _SAMPLER = threading.Lock()
@@ -130,19 +131,23 @@ class Planner:
                       f"longest batch row ({spec.shapes[-1]}): it was built with a larger "
                       "data.max_len; rebuild it for this config")
     self.spec, self.seed, self.shuffle, self.n = spec, seed, shuffle, len(costs)
-    self.costs = costs.astype(np.uint16)
-    if spec.mode == "pack":
-      slot_cost, self.row_start = batching.pack_templates(costs, spec.pack_length)
-      self.slots_by_cost = np.argsort(slot_cost, kind="stable").astype(np.uint32)
+    if spec.mode == "pack":  # held: 2 + 4 bytes a pair, and 16 a row (~2 a pair)
+      self.costs = costs.astype(np.uint16)
+      slot_cost, self.row_start = batching.pack_templates(self.costs, spec.pack_length)
+      self.slots_by_cost = batching.stable_partition(
+          np.arange(len(slot_cost), dtype=np.uint32), slot_cost.astype(np.uint16),
+          spec.pack_length + 1)
+      del slot_cost
       self.rows = spec.global_rows(spec.pack_length)
       num_rows = len(self.row_start) - 1
       self.num_batches = -(-num_rows // self.rows)
-    else:
+    else:  # held: 1 byte a pair
       shapes = np.asarray(spec.shapes)
       self.bucket_of = np.searchsorted(shapes, costs).astype(np.uint8)
       self.batch_starts, self.batch_lengths = bucket_batches(
           np.bincount(self.bucket_of, minlength=len(shapes)), spec)
       self.num_batches = len(self.batch_lengths)
+    del costs
 
   def _order(self, epoch: int) -> np.ndarray:
     order = np.arange(self.n, dtype=np.uint32)
@@ -151,19 +156,30 @@ class Planner:
     return order
 
   def plan(self, epoch: int) -> EpochPlan:
+    """Epoch `epoch`'s batches: 4 bytes a pair kept (who goes where), and while planning 4 more
+    (the shuffled order) and a block's temporaries, which go back to the system afterwards."""
+    try:
+      return self._plan(epoch)
+    finally:
+      release_freed_memory()
+
+  def _plan(self, epoch: int) -> EpochPlan:
     order = self._order(epoch)
     batch_rng = np.random.default_rng([self.seed, epoch, 1])
     if self.spec.mode == "pack":
-      by_cost = order[np.argsort(self.costs[order], kind="stable")]
+      by_cost = batching.stable_partition(order, self.costs, self.spec.pack_length + 1)
+      del order
       members = np.empty(self.n, np.uint32)
       members[self.slots_by_cost] = by_cost
+      del by_cost
       num_rows = len(self.row_start) - 1
       row_order = (batch_rng.permutation(num_rows) if self.shuffle else np.arange(num_rows))
       batch_rows = np.minimum(np.arange(self.num_batches + 1, dtype=np.int64) * self.rows, num_rows)
       return EpochPlan(members, self.row_start, row_order, batch_rows,
                        np.full(self.num_batches, self.spec.pack_length, np.int64),
                        self._batch_order(batch_rng))
-    members = order[np.argsort(self.bucket_of[order], kind="stable")]  # by bucket, shuffled within
+    members = batching.stable_partition(order, self.bucket_of, len(self.spec.shapes))  # by bucket,
+    del order                                                                      # shuffled within
     return EpochPlan(members, None, None, self.batch_starts, self.batch_lengths,
                      self._batch_order(batch_rng))
 
@@ -196,8 +212,10 @@ class MakeBatch:
   """
 
   def __init__(self, cache_dir: str, spec: BatchSpec, seed: int, shuffle: bool, sharding: Sharding,
-               subword: dict[str, Any] | None = None, cache: TokenCache | None = None):
+               subword: dict[str, Any] | None = None, cache: TokenCache | None = None,
+               fingerprint: str | None = None):
     self.cache_dir, self.spec, self.seed, self.shuffle = cache_dir, spec, seed, shuffle
+    self.fingerprint = fingerprint or (cache.fingerprint if cache is not None else None)
     self.sharding, self.subword = sharding, subword
     self._cache = cache  # already open in this process (a worker opens its own)
     self._planner = self._text = None
@@ -214,7 +232,7 @@ class MakeBatch:
   def cache(self) -> TokenCache:
     with self._lock:
       if self._cache is None:
-        self._cache = TokenCache(self.cache_dir)
+        self._cache = TokenCache(self.cache_dir, expect=self.fingerprint)  # (a worker: the same?)
       return self._cache
 
   @property
@@ -229,6 +247,7 @@ class MakeBatch:
     """The plan of `epoch`, made once however many threads ask for it (the last epoch's kept)."""
     with self._lock:
       if self._current is None or self._current[0] != epoch:
+        self._current = None  # the last epoch's plan goes before the next one is made
         self._current = (epoch, self.planner.plan(epoch))
       return self._current[1]
 

@@ -29,6 +29,7 @@ import errno
 import hashlib
 import json
 import logging
+import mmap
 import os
 import shutil
 import socket
@@ -152,6 +153,8 @@ class TokenCache:
                       f"corrupt{how}")
     self.tokens = [np.memmap(self.directory / name, dtype, mode="r") if size else
                    np.zeros(0, dtype) for name, size in zip(expected_sizes, tokens)]
+    for array in (self.lengths, self.offsets, self.index, *self.tokens):
+      _random_access(array)
     if n and not self._spot_check(int(self.meta.get("read", n))):
       raise DataError(f"the arrays of the token cache in {self.directory} disagree with each other "
                       f"(lengths, offsets, positions or end-of-sentence ids): it is corrupt{how}")
@@ -181,6 +184,15 @@ class TokenCache:
   def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]:
     return tuple(np.asarray(self.tokens[side][self.offsets[i, side]:self.offsets[i + 1, side]])
                  for side in (0, 1))
+
+
+def _random_access(array: np.ndarray) -> None:
+  """Tells the kernel a mapped file is read at random (batches gather rows from all over it): each
+  page fault then reads its page, not the read-ahead window around it (8 MB on some disks), which
+  on a cold page cache would read gigabytes to check a thousand pairs or make one batch."""
+  mapping = getattr(array, "_mmap", None)  # numpy's memmap keeps its mmap object here
+  if mapping is not None and hasattr(mapping, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+    mapping.madvise(mmap.MADV_RANDOM)
 
 
 # --------------------------------------------------------------------------------------- writing
