@@ -449,10 +449,14 @@ def _input_pipeline_table(record: Path) -> str:
   for name, label in (("bucket_4.5m", "buckets, 4.5M"), ("pack_4.5m", "packed, 4.5M"),
                       ("bpe_dropout_4.5m", "buckets + BPE-dropout 0.1, 4.5M"),
                       ("bucket_40.8m", "buckets, 40.8M (synthetic ids)"),
-                      ("pack_40.8m", "packed, 40.8M (synthetic ids)")):
+                      ("pack_40.8m", "packed, 40.8M (synthetic ids)"),
+                      ("bucket_4.5m_busy", "buckets, 4.5M, both cores kept busy"),
+                      ("pack_4.5m_busy", "packed, 4.5M, both cores kept busy")):
     result = _input_json(record, name)
     if not result:
       continue
+    if result.get("busy_processes"):
+      label += f" (load {result['load_average_1min']:.1f})"
     runs = result.get("subword_dropout") or result["throughput"]
     rates = " / ".join(_rate(r["target_tokens_per_sec"]) for r in runs)
     workers = "/".join(str(r["workers"]) for r in runs)
@@ -478,6 +482,25 @@ def _input_pipeline_table(record: Path) -> str:
               "|---|---|---|---|---|---|---|---|", *rows]
   return "\n".join(lines)
 
+
+
+@table("start-times")
+def start_times() -> str:
+  """docs/data.md: launch to first step of transformer-train on the stand-in, fresh and resumed
+  (bash experiments/recipes/start_times.sh)."""
+  record = RESULTS / "input_pipeline"
+  lines = ["| corpus | start | inputs ready (vocabulary, caches, loader, validation batches) | "
+           "state made or restored | first step done | peak memory: private / mapped files |",
+           "|---|---|---|---|---|---|"]
+  for size, corpus in (("4.5m", "4.5M pairs (En→De's size)"),
+                       ("40.8m", "40.8M pairs (En→Fr's size)")):
+    for start in ("fresh", "resumed"):
+      r = _input_json(record, f"start_{size}_{start}")
+      if r:
+        lines.append(f"| {corpus} | {start} | {r['inputs_ready_sec']:.1f} s | "
+                     f"{r['state_ready_sec']:.1f} s | {r['first_step_sec']:.1f} s | "
+                     f"{r['peak_private_gib']:.1f} / {r['peak_mapped_files_gib']:.1f} GiB |")
+  return "\n".join(lines)
 
 
 @table("quality-per-minute")

@@ -4,15 +4,15 @@
 # pack modes, with BPE-dropout, and on a 40.8M-pair synthetic id cache (En-Fr's size). Writes the
 # record experiments/results/input_pipeline/ (JSON per measurement) and regenerates the table in
 # docs/data.md. Run from the repository root, nothing else running:
+# Then the loader again beside 2 processes that keep both cores busy (a loaded host), and the start-up
+# of transformer-train at both sizes (experiments/recipes/start_times.sh).
 #   bash experiments/recipes/input_pipeline.sh [DATA_DIR]        # default: data/
 set -euo pipefail
 DATA=${1:-data}
 OUT=experiments/results/input_pipeline
 mkdir -p "$OUT" "$DATA"
 export XDG_CACHE_HOME=$DATA/cache  # the vocabulary and token caches of this measurement only
-# glibc's default malloc for the loader's memory figures (the programs otherwise keep freed blocks
-# for XLA's temporaries, host_memory.py, which would count the vocabulary's and text's freed memory)
-BENCH="env TRANSFORMER_MALLOC_DEFAULTS=1 transformer-benchmark"
+BENCH="transformer-benchmark"  # as users run it: the programs' own malloc settings (host_memory.py)
 CONFIG="configs/standin_ende.py:base,$DATA/standin_ende"
 if [ ! -f "$DATA/standin_ende/standin.json" ]; then
   python -m transformer.data.standin --out="$DATA/standin_ende" --pairs=4500000
@@ -42,9 +42,14 @@ $BENCH --config="$CONFIG" --input_pipeline --config.data.subword_dropout=0.1 \
 if [ ! -f "$DATA/synthetic_40.8m/meta.json" ]; then
   python -m transformer.data.standin --synthetic_ids --pairs=40800000 --out="$DATA/synthetic_40.8m"
 fi
-for mode in bucket pack; do
-  $BENCH --config=configs/wmt14_enfr.py:base --input_pipeline \
+for mode in bucket pack; do  # (En-Fr's batch settings; the synthetic ids' vocabulary is 37k)
+  $BENCH --config=configs/wmt14_enfr.py:base --config.data.vocab_size=37000 --input_pipeline \
     --token_cache="$DATA/synthetic_40.8m" --config.data.batching=$mode --loader_workers=0,1,2 \
     --output="$OUT/${mode}_40.8m.json"
 done
+for mode in bucket pack; do
+  $BENCH --config="$CONFIG" --input_pipeline --config.data.batching=$mode --busy_cores=2 \
+    --loader_workers=0,1,2 --output="$OUT/${mode}_4.5m_busy.json"
+done
+bash experiments/recipes/start_times.sh "$DATA"
 python -m experiments.tables

@@ -123,16 +123,17 @@ class Planner:
     if spec.mode not in batching.BATCHING_MODES:
       raise DataError(f"unknown batching mode {spec.mode!r}; use one of "
                       f"{', '.join(batching.BATCHING_MODES)}")
-    costs = np.asarray(lengths).max(axis=1).astype(np.int64)
+    lengths = np.asarray(lengths)
+    costs = np.maximum(lengths[:, 0], lengths[:, 1])  # uint16: 2 bytes a pair, nothing wider
     if headroom != 1.0:
-      costs = np.minimum(np.ceil(costs * headroom).astype(np.int64), spec.max_len)
+      costs = np.minimum(np.ceil(costs * headroom), spec.max_len).astype(np.uint16)
     if len(costs) and costs.max() > spec.shapes[-1]:
       raise DataError(f"the token cache holds a pair of {costs.max()} tokens, longer than the "
                       f"longest batch row ({spec.shapes[-1]}): it was built with a larger "
                       "data.max_len; rebuild it for this config")
     self.spec, self.seed, self.shuffle, self.n = spec, seed, shuffle, len(costs)
     if spec.mode == "pack":  # held: 2 + 4 bytes a pair, and 16 a row (~2 a pair)
-      self.costs = costs.astype(np.uint16)
+      self.costs = costs
       slot_cost, self.row_start = batching.pack_templates(self.costs, spec.pack_length)
       self.slots_by_cost = batching.stable_partition(
           np.arange(len(slot_cost), dtype=np.uint32), slot_cost.astype(np.uint16),
@@ -142,12 +143,14 @@ class Planner:
       num_rows = len(self.row_start) - 1
       self.num_batches = -(-num_rows // self.rows)
     else:  # held: 1 byte a pair
+      bucket_of_cost = np.searchsorted(spec.shapes, np.arange(spec.shapes[-1] + 1)).astype(np.uint8)
+      self.bucket_of = bucket_of_cost[costs]
       shapes = np.asarray(spec.shapes)
-      self.bucket_of = np.searchsorted(shapes, costs).astype(np.uint8)
       self.batch_starts, self.batch_lengths = bucket_batches(
           np.bincount(self.bucket_of, minlength=len(shapes)), spec)
       self.num_batches = len(self.batch_lengths)
     del costs
+    release_freed_memory()
 
   def _order(self, epoch: int) -> np.ndarray:
     order = np.arange(self.n, dtype=np.uint32)
@@ -193,7 +196,7 @@ class Planner:
     plan_rows = ([self.rows] * self.num_batches if self.spec.mode == "pack" else
                  [self.spec.global_rows(int(length)) for length in plan_len])
     positions = float(np.dot(np.asarray(plan_rows, np.float64), np.asarray(plan_len, np.float64)))
-    real = np.asarray(lengths, np.float64).sum(axis=0) / max(positions, 1.0)
+    real = np.asarray(lengths).sum(axis=0, dtype=np.int64) / max(positions, 1.0)
     return float(real[0]), float(real[1])
 
 
