@@ -27,6 +27,20 @@ def rng():
   return np.random.default_rng(0)
 
 
+@pytest.fixture
+def small_filesystem(tmp_path):
+  """A real 2 MB filesystem (a tmpfs) mounted in tmp_path: needs root, skipped elsewhere."""
+  import subprocess
+  mount = tmp_path / "small"
+  mount.mkdir()
+  done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+                        capture_output=True)
+  if done.returncode:
+    pytest.skip(f"cannot mount a small filesystem here: {done.stderr.decode().strip()}")
+  yield mount
+  subprocess.run(["umount", str(mount)], check=True)
+
+
 @pytest.fixture(scope="session")
 def small_vocab(tmp_path_factory):
   """(a 500-piece BPE SentencePiece model of the bundled Multi30k's first 2,000 pairs, its path)."""

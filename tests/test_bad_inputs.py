@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import cli_overrides, run_cli, snapshot, tiny_run_config
 
+from transformer.data import token_cache
 from transformer.data import vocab as vocab_lib
 from transformer.training.train import train_and_evaluate
 
@@ -35,7 +36,8 @@ def trained(tmp_path_factory):
 PROGRAMS = {"training.train": "transformer-train", "evaluation.evaluate": "transformer-eval",
             "evaluation.translate": "transformer-translate", "visualisation.plot": "transformer-plot",
             "visualisation.attention_maps": "transformer-attention-maps",
-            "evaluation.average": "transformer-average"}
+            "evaluation.average": "transformer-average",
+            "accelerators.benchmark": "transformer-benchmark"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +141,21 @@ CASES = {
         "training.train", ("--config.data.source=tfds", "--config.data.tfds_name=wmt14_translate/de-en",
                   "--config.data.tfds_data_dir={tmp}/tfds"),
         "wmt14_translate/de-en is not prepared in {tmp}/tfds", True),
+    "missing validation file": Case("training.train", ("--config.data.eval_tgt={tmp}/nope.de",),
+                                    "data file not found: {tmp}/nope.de (the validation split)",
+                                    True),
+    # ------------------------------------------------------------ a token cache named on its own
+    "token cache of another vocabulary": Case(
+        "accelerators.benchmark", ("--config=configs/multi30k.py", "--input_pipeline",
+                                   "--token_cache={tmp}/synthetic"),
+        "was built for a vocabulary of 37000 pieces and max_len 256, the config has 8000 and 128",
+        prepare=lambda tmp, run: token_cache.write_synthetic(tmp / "synthetic", 100)),
+    "token cache with an empty index.npy": Case(
+        "accelerators.benchmark", ("--config=configs/multi30k.py", "--input_pipeline",
+                                   "--token_cache={tmp}/cache"),
+        "cannot read {tmp}/cache/index.npy (EOFError", prepare=lambda tmp, run: (
+            token_cache.from_pairs(tmp / "cache", [[5, 6]] * 10, [[7]] * 10),
+            (tmp / "cache" / "index.npy").write_bytes(b""))),
     # ---------------------------------------------------------------------- an existing run (train)
     "workdir holds another config": Case(
         "training.train", ("--workdir={run}", "--config.model.d_model=64"),

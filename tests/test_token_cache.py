@@ -183,20 +183,6 @@ def test_a_full_disk_in_a_worker_or_the_writer_ends_the_build_in_seconds(
   assert list((tmp_path / "caches").iterdir()) == []
 
 
-@pytest.fixture
-def small_filesystem(tmp_path):
-  """A 2 MB tmpfs mounted in tmp_path (needs root; skipped elsewhere)."""
-  import subprocess
-  mount = tmp_path / "small"
-  mount.mkdir()
-  done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-                        capture_output=True)
-  if done.returncode:
-    pytest.skip(f"cannot mount a small filesystem here: {done.stderr.decode().strip()}")
-  yield mount
-  subprocess.run(["umount", str(mount)], check=True)
-
-
 def test_a_real_full_disk_is_one_error_and_leaves_the_disk_as_it_was(tmp_path, small_vocab, text,
                                                                      small_filesystem, monkeypatch):
   _, vocab_path = small_vocab
@@ -315,3 +301,33 @@ def test_memory_mib_reads_this_process_and_zeros_elsewhere():
   assert after["anon"] - before["anon"] >= 60 and after["peak"] >= after["anon"]
   del block
   assert memory_mib(2**30) == {"anon": 0, "file": 0, "peak": 0}  # no such process
+
+
+def test_a_full_disk_while_training_the_vocabulary_is_one_error(small_filesystem, text):
+  (small_filesystem / "filler").write_bytes(b"\0" * (2 * 2**20 - 8192))  # leaves 8 kB
+  with pytest.raises(DataError, match=r"could not write the vocabulary in .*: the disk is full"):
+    vocab_lib.train_vocab(text.source[:3000] + text.target[:3000], small_filesystem / "v" /
+                          "vocab.model", 1000)
+  assert [p.name for p in (small_filesystem / "v").iterdir()] == []
+
+
+def test_a_full_disk_while_writing_the_standin_is_one_error_and_leaves_no_partial_file(
+    tmp_path, monkeypatch):
+  shape = standin.Shape(pairs=300, word_types=5000)
+  def full(args):
+    raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(standin, "_make_chunk", full)
+  with pytest.raises(DataError, match=r"could not write the stand-in corpus .*the disk is full"):
+    standin.generate(tmp_path / "s", shape, workers=1, valid_pairs=10)
+  assert list((tmp_path / "s").iterdir()) == []
+
+
+def test_a_small_file_written_on_a_full_disk_is_one_error_and_leaves_the_old_file(
+    small_filesystem):
+  from transformer.errors import UserError
+  from transformer.files import write_atomically
+  write_atomically(small_filesystem / "config.json", "{}")
+  with pytest.raises(UserError, match=r"could not write .*config.json: the disk is full"):
+    write_atomically(small_filesystem / "config.json", "x" * (3 * 2**20))
+  assert [p.name for p in small_filesystem.iterdir()] == ["config.json"]
+  assert (small_filesystem / "config.json").read_text() == "{}"

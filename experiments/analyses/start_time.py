@@ -41,6 +41,7 @@ def main() -> None:
   found: dict[str, float] = {}
   stopped = False
   log_path = Path(args.out).with_suffix(".log")
+  log_path.parent.mkdir(parents=True, exist_ok=True)  # (before the program starts)
   start = time.perf_counter()
   peak = {"anon": 0, "file": 0}
   with subprocess.Popen(command, stderr=subprocess.PIPE, text=True) as process, \

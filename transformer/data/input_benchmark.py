@@ -3,7 +3,8 @@
     transformer-benchmark --config=configs/standin_ende.py:base,data/standin_ende --input_pipeline \
         --loader_workers=0,1,2 --stub_step_ms=50,12 --output=input.json
     transformer-benchmark --config=configs/wmt14_enfr.py:base --input_pipeline \
-        --token_cache=/data/synthetic_40m         # a cache made by token_cache.write_synthetic
+        --config.data.vocab_size=37000 --token_cache=/data/synthetic_40m   # token_cache.write_synthetic
+    ... --busy_cores=2                            # the same beside 2 processes that keep a core busy
 
 For each Grain worker count: real source and target tokens per second over `batches` batches (after
 a few untimed ones), the share of positions that are padding, and every batch's real target tokens
@@ -11,6 +12,8 @@ a few untimed ones), the share of positions that are padding, and every batch's 
 run (mid-epoch); the memory of the loader (this process's private and file-backed resident memory,
 plus its workers'); and a stand-in training loop whose "step" sleeps for `stub_step_ms`, as a host
 waits for its accelerator, with the share of its time and of its steps spent waiting for data.
+With `busy` > 0 all of it runs beside that many processes spinning on float work (a host whose
+cores the training step or its own bookkeeping keep busy), and the record holds the load average.
 Nothing here is asserted by a test: speed lives in benchmarks.
 """
 
@@ -36,8 +39,11 @@ WARMUP_BATCHES = 3
 WAIT_THRESHOLD_SEC = 0.001  # a step "waits on data" when its batch was not ready within this
 
 
+_SPINNERS: set[int] = set()  # the busy processes of `busy_cores`: not the loader's workers
+
+
 def children_pids() -> list[int]:
-  """This process's descendants (Grain's workers), from /proc."""
+  """This process's descendants (Grain's workers), from /proc; not the busy processes."""
   parents: dict[int, list[int]] = {}
   for entry in Path("/proc").iterdir():
     if entry.name.isdigit():
@@ -48,7 +54,7 @@ def children_pids() -> list[int]:
       parents.setdefault(ppid, []).append(int(entry.name))
   out, todo = [], [os.getpid()]
   while todo:
-    kids = parents.get(todo.pop(), [])
+    kids = [pid for pid in parents.get(todo.pop(), []) if pid not in _SPINNERS]
     out += kids
     todo += kids
   return out
@@ -162,12 +168,14 @@ def busy_cores(count: int, seconds: float = 3600.0):
   spinners = [context.Process(target=_spin, args=(seconds,), daemon=True) for _ in range(count)]
   for spinner in spinners:
     spinner.start()
+    _SPINNERS.add(spinner.pid)
   try:
     yield
   finally:
     for spinner in spinners:
       spinner.kill()
       spinner.join()
+      _SPINNERS.discard(spinner.pid)
 
 
 def run(cache: TokenCache, spec, seed: int, batches: int, workers: list[int],

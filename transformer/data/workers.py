@@ -25,8 +25,15 @@ class InProcess(concurrent.futures.Executor):
 
   def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
     future: concurrent.futures.Future = concurrent.futures.Future()
-    future.set_result(fn(*args, **kwargs))
+    try:
+      future.set_result(fn(*args, **kwargs))
+    except Exception as e:  # noqa: BLE001  (raised by result(), as from a process)
+      future.set_exception(e)
     return future
+
+  def map(self, fn, *iterables, timeout=None, chunksize=1) -> Iterator:
+    """Lazily, one task as each result is asked for (not all of them first)."""
+    return map(fn, *iterables)
 
 
 @contextlib.contextmanager
