@@ -153,7 +153,7 @@ class TokenCache:
                       f"corrupt{how}")
     self.tokens = [np.memmap(self.directory / name, dtype, mode="r") if size else
                    np.zeros(0, dtype) for name, size in zip(expected_sizes, tokens)]
-    for array in (self.lengths, self.offsets, self.index, *self.tokens):
+    for array in (self.offsets, self.index, *self.tokens):  # (lengths: read whole, to plan)
       _random_access(array)
     if n and not self._spot_check(int(self.meta.get("read", n))):
       raise DataError(f"the arrays of the token cache in {self.directory} disagree with each other "
