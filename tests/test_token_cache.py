@@ -331,3 +331,16 @@ def test_a_small_file_written_on_a_full_disk_is_one_error_and_leaves_the_old_fil
     write_atomically(small_filesystem / "config.json", "x" * (3 * 2**20))
   assert [p.name for p in small_filesystem.iterdir()] == ["config.json"]
   assert (small_filesystem / "config.json").read_text() == "{}"
+
+
+def test_a_splits_size_is_recorded_once_however_many_runs_record_it_at_once(tmp_path):
+  import concurrent.futures
+  data = base_config().data
+  data.token_cache_dir = str(tmp_path)
+  assert cache_lib.recorded_pairs(data, "train") is None
+  with concurrent.futures.ThreadPoolExecutor(8) as pool:  # runs started side by side
+    list(pool.map(lambda i: cache_lib.record_pairs(data, "train", 29_000), range(64)))
+  assert cache_lib.recorded_pairs(data, "train") == 29_000
+  assert [p.suffix for p in (tmp_path / ".sizes").iterdir()] == [".json"]  # no temporary left
+  data.src_lang = "fr"  # another corpus identity: not known
+  assert cache_lib.recorded_pairs(data, "train") is None

@@ -42,7 +42,7 @@ import numpy as np
 
 from transformer.data.sources import DataError, normalise_controls
 from transformer.data.workers import BrokenWorkers, worker_processes
-from transformer.files import user_cache_dir, write_atomically
+from transformer.files import user_cache_dir
 from transformer.hardware import memory_mib, usable_cpus
 from transformer.tokens import EOS_ID
 
@@ -515,10 +515,23 @@ def recorded_pairs(data, split: str) -> int | None:
 
 
 def record_pairs(data, split: str, pairs: int) -> None:
+  """Records the split's size (best effort: it only saves a later start from counting lines). Each
+  writer has its own temporary file, so runs that open the same corpus at once do not collide."""
   path, identity = _size_record(data, split)
-  if recorded_pairs(data, split) != pairs:
+  if recorded_pairs(data, split) == pairs:
+    return
+  tmp = None
+  try:
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, json.dumps({"identity": identity, "pairs": pairs}) + "\n")
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+      tmp = Path(f.name)
+      f.write(json.dumps({"identity": identity, "pairs": pairs}) + "\n")
+    os.replace(tmp, path)
+  except OSError as e:
+    if tmp is not None:
+      tmp.unlink(missing_ok=True)
+    log.warning("could not record the size of %s in %s (%s); later starts count its lines",
+                split, path.parent, e)
 
 
 def rebuild_command(config: str = "CONFIG") -> str:
