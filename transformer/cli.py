@@ -9,7 +9,6 @@ keeps its traceback (status 1).
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import re
@@ -20,7 +19,7 @@ from collections.abc import Callable
 from absl import app, flags
 
 from transformer.errors import EXIT_USER_ERROR, UserError
-from transformer.files import disk_problem, user_cache_dir
+from transformer.files import DISK_FULL, disk_problem, user_cache_dir
 
 
 def flags_parser(program: str) -> Callable[[list[str]], list[str]]:
@@ -140,7 +139,7 @@ def run_program(program: str, main: Callable[[list[str]], None],
     except (UserError, app.UsageError) as e:
       fail(program, e)
     except OSError as e:  # a full disk anywhere (metrics, event files, reports): no bug of ours
-      if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+      if e.errno not in DISK_FULL:
         raise
       fail(program, f"could not write {e.filename or 'a file'}: {disk_problem(e)}")
     except KeyboardInterrupt:  # (training stops cleanly at the first Ctrl-C; this is the second)

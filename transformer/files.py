@@ -23,9 +23,12 @@ def write_atomically(path: str | os.PathLike, data: str | bytes) -> None:
     raise UserError(f"could not write {path}: {disk_problem(e)}") from None
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # the errnos of a full disk or a spent quota
+
+
 def disk_problem(error: OSError) -> str:
   """What an OSError from a write means for the user, in a few words and what to do."""
-  if error.errno in (errno.ENOSPC, errno.EDQUOT):
+  if error.errno in DISK_FULL:
     return f"the disk is full ({error.strerror}); free space or write elsewhere"
   return f"{error.strerror or error}"
 

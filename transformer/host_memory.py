@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 
@@ -34,6 +35,14 @@ M_MMAP_MAX = -4  # how many blocks may be served by mmap: 0 = none, all come fro
 KEEP_FREED_BYTES = 2**31 - 1  # mallopt takes an int: keep up to 2 GiB of freed memory
 
 
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+  """The C library if it is glibc (found once: `find_library` runs a subprocess), else None."""
+  name = ctypes.util.find_library("c")
+  libc = ctypes.CDLL(name) if name else None
+  return libc if libc is not None and hasattr(libc, "gnu_get_libc_version") else None
+
+
 def reuse_freed_memory() -> bool:
   """Sets glibc's malloc to keep and reuse large freed blocks, and CPU calls to run on the calling
   thread; False where malloc was left as it is."""
@@ -41,11 +50,8 @@ def reuse_freed_memory() -> bool:
     return False
   import jax  # (here: the input side's worker processes import this module, and never JAX)
   jax.config.update("jax_cpu_enable_async_dispatch", False)
-  libc_name = ctypes.util.find_library("c")
-  if libc_name is None:
-    return False
-  libc = ctypes.CDLL(libc_name)
-  if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
+  libc = _glibc()
+  if libc is None:
     return False  # not glibc: its malloc has its own policy
   done = libc.mallopt(M_MMAP_MAX, 0) == 1 and libc.mallopt(M_TRIM_THRESHOLD, KEEP_FREED_BYTES) == 1
   if not done:
@@ -57,7 +63,6 @@ def release_freed_memory() -> None:
   """Gives the memory malloc holds freed back to the system (glibc's malloc_trim): after one-off
   work (training a vocabulary, planning an epoch) whose temporaries `reuse_freed_memory` would
   otherwise keep resident for the rest of the run. A no-op elsewhere than glibc."""
-  libc_name = ctypes.util.find_library("c")
-  libc = ctypes.CDLL(libc_name) if libc_name else None
-  if libc is not None and hasattr(libc, "malloc_trim"):
+  libc = _glibc()
+  if libc is not None:
     libc.malloc_trim(0)

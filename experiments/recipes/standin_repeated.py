@@ -60,7 +60,7 @@ def main() -> None:
   vocab_small = vocab_lib.cached_vocab_path(data_small, cfg_small.seed, n_small)
   vocab = vocab_lib.cached_vocab_path(data, cfg.seed, pairs)
   shutil.copy(vocab_small, vocab)
-  filters = cache_lib.Filters(data.max_len, data.max_length_ratio)
+  filters = pipeline.split_filters(data, data.train_split)
   source = cache_lib.open_or_build(data_small, data_small.train_split, vocab_small, filters, None,
                                    build_missing=False)
   head = int(np.searchsorted(source.index, HEAD))  # kept pairs among the first HEAD
@@ -75,8 +75,8 @@ def main() -> None:
                  [source.lengths[:stop, 0], source.lengths[:stop, 1]],
                  source.index[:stop] + k * n_small,
                  source.meta["dropped"] if k < REPEATS else dropped_head)
-    corpus = cache_lib.corpus_identity(data, data.train_split)[1]
-    cache = writer.finish(fingerprint=cache_lib.fingerprint(corpus, vocab.read_bytes(), filters),
+    cache = writer.finish(fingerprint=cache_lib.expected_fingerprint(
+                              data, data.train_split, vocab.read_bytes(), filters),
                           corpus=f"{data.train_src} -> {data.train_tgt}", read=pairs,
                           vocab_size=source.meta["vocab_size"], filters=source.meta["filters"],
                           seconds=0, workers=0, repeated_from=str(source.directory))

@@ -443,6 +443,7 @@ def check_cache_fits(cache, data: ml_collections.ConfigDict, seed: int) -> None:
   """Raises DataError where a token cache named on the command line is not the config's: another
   vocabulary size or max_len, or (when the config's vocabulary is built) another fingerprint. A
   synthetic cache (random ids) has no corpus or vocabulary to compare beyond those."""
+  from transformer.data import pipeline
   from transformer.data import token_cache as cache_lib
   meta = cache.meta
   built_for = (int(meta.get("vocab_size", -1)), int(meta.get("filters", {}).get("max_len", -1)))
@@ -454,12 +455,11 @@ def check_cache_fits(cache, data: ml_collections.ConfigDict, seed: int) -> None:
   if meta.get("corpus") == "synthetic":
     return
   pairs = cache_lib.recorded_pairs(data, data.train_split)
-  vocab_path = pairs is not None and vocab_lib.cached_vocab_path(data, seed, pairs)
-  if not vocab_path or not vocab_path.is_file():
+  vocab_path = None if pairs is None else vocab_lib.cached_vocab_path(data, seed, pairs)
+  if vocab_path is None or not vocab_path.is_file():
     return  # the config's vocabulary is not built here: nothing more to compare with
-  filters = cache_lib.Filters(data.max_len, data.max_length_ratio)
-  expect = cache_lib.fingerprint(cache_lib.corpus_identity(data, data.train_split)[1],
-                                 vocab_path.read_bytes(), filters)
+  expect = cache_lib.expected_fingerprint(data, data.train_split, vocab_path.read_bytes(),
+                                          pipeline.split_filters(data, data.train_split))
   if cache.fingerprint != expect:
     raise sources.DataError(
         f"the token cache {cache.directory} was built from other data, another vocabulary or "

@@ -235,7 +235,7 @@ class MakeBatch:
   def cache(self) -> TokenCache:
     with self._lock:
       if self._cache is None:
-        self._cache = TokenCache(self.cache_dir, expect=self.fingerprint)  # (a worker: the same?)
+        self._cache = TokenCache(self.cache_dir, expect=self.fingerprint)  # (the parent's)
       return self._cache
 
   @property

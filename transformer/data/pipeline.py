@@ -55,17 +55,22 @@ class SplitText:
     return lambda: (self(self.data.eval_split), self(split))[1]
 
 
+def split_filters(data: ml_collections.ConfigDict, split: str) -> cache_lib.Filters:
+  """Training pairs are filtered by length and ratio, validation pairs only by length (every
+  validation pair that fits is scored)."""
+  ratio = data.max_length_ratio if split == data.train_split else 0
+  return cache_lib.Filters(data.max_len, ratio)
+
+
 def split_cache(data: ml_collections.ConfigDict, split: str, vocab_path: Path,
                 build_missing: bool = True, text: SplitText | None = None) -> cache_lib.TokenCache:
-  """The token cache of `split` for the run's vocabulary: training pairs filtered by length and
-  ratio, validation pairs only by length (every validation pair that fits is scored). The text is
-  opened only if the cache must be built."""
-  is_train = split == data.train_split
-  filters = cache_lib.Filters(data.max_len, data.max_length_ratio if is_train else 0)
+  """The token cache of `split` for the run's vocabulary, with `split_filters`; the text is opened
+  only if the cache must be built."""
+  filters = split_filters(data, split)
   text = text or SplitText(data)
   cache = cache_lib.open_or_build(data, split, vocab_path, filters, text.for_building(split),
                                   build_missing)
-  if is_train and any(cache.meta["dropped"].values()):
+  if split == data.train_split and any(cache.meta["dropped"].values()):
     log.info("%s: %s", cache.meta["corpus"],
              filters.describe(len(cache), cache.meta["dropped"]))
   return cache

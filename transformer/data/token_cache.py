@@ -42,7 +42,7 @@ import numpy as np
 
 from transformer.data.sources import DataError, normalise_controls
 from transformer.data.workers import BrokenWorkers, worker_processes
-from transformer.files import user_cache_dir
+from transformer.files import DISK_FULL, user_cache_dir
 from transformer.hardware import memory_mib, usable_cpus
 from transformer.tokens import EOS_ID
 
@@ -240,7 +240,7 @@ def _chunks(source, filters: Filters, dtype: np.dtype) -> Iterator[tuple[int, tu
 def _failure(directory: Path, error: BaseException) -> DataError:
   """The one-line error of a build that failed for want of disk, or because a worker died."""
   if isinstance(error, OSError):
-    full = " (the disk is full)" if error.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    full = " (the disk is full)" if error.errno in DISK_FULL else ""
     return DataError(f"could not write the token cache {directory}{full}: {error}; nothing was "
                      "left behind. Free space or point config.data.token_cache_dir elsewhere")
   return DataError(f"a tokenizing worker process died while building the token cache {directory} "
@@ -534,6 +534,11 @@ def record_pairs(data, split: str, pairs: int) -> None:
                 split, path.parent, e)
 
 
+def expected_fingerprint(data, split: str, vocab_bytes: bytes, filters: Filters) -> str:
+  """The fingerprint the split's cache for this vocabulary and these filters must have."""
+  return fingerprint(corpus_identity(data, split)[1], vocab_bytes, filters)
+
+
 def rebuild_command(config: str = "CONFIG") -> str:
   return f"python -m transformer.training.prepare --config={config}"
 
@@ -546,8 +551,7 @@ def open_or_build(data, split: str, vocab_path: str | os.PathLike, filters: Filt
   `build_missing`, else a DataError naming the command that builds it."""
   vocab_bytes = Path(vocab_path).read_bytes()
   directory = cache_dir(data, split, vocab_bytes, filters)
-  corpus = corpus_identity(data, split)[1]
-  expect = fingerprint(corpus, vocab_bytes, filters)
+  expect = expected_fingerprint(data, split, vocab_bytes, filters)
   try:
     return TokenCache(directory, expect=expect, rebuild=rebuild_command())
   except DataError as e:
@@ -555,4 +559,5 @@ def open_or_build(data, split: str, vocab_path: str | os.PathLike, filters: Filt
       raise
     if (directory / META_FILE).exists():
       log.warning("Rebuilding the token cache: %s", e)
-  return build(directory, open_source(), vocab_path, filters, corpus, workers)
+  return build(directory, open_source(), vocab_path, filters,
+               corpus_identity(data, split)[1], workers)
