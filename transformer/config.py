@@ -52,7 +52,8 @@ def _model_keys() -> ml_collections.ConfigDict:
   model.d_v = 0                     # per-head value width; 0 = d_model / num_heads.
   model.dropout = 0.1               # residual and embedding dropout (P_drop).
   model.attention_dropout = 0.0     # the paper uses none.
-  model.positional = "sinusoidal"  # or 'learned' (Table 3 row E).
+  model.positional = "sinusoidal"   # or 'learned' (Table 3 row E), 'relative', 't5', 'rotary',
+                                    # 'alibi', 'none' (model/positions/, one file each).
   model.norm = "post"               # 'post' = LayerNorm(x + Sublayer(x)) as in the paper; or 'pre'.
   model.share_embeddings = True     # source, target and pre-softmax matrices are one.
   model.max_len = 256               # table size of learned positions; longest sequence trained.
@@ -62,6 +63,8 @@ def _model_keys() -> ml_collections.ConfigDict:
                                     # 'cudnn', 'reference' (ours; always used for attention dropout).
   model.remat = "none"              # 'full' / 'dots': recompute each layer in the backward pass.
   model.scan_layers = False         # one nn.scan over the layers: compiles one layer, not N.
+  for key in positions.all_keys():  # each kind's own (relative_clip, t5_buckets, rotary_base, ...):
+    model[key.name] = key.default   # declared, documented and checked in its file
   return model
 
 
@@ -220,7 +223,7 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
   for key in ("decode.max_extra_len", "decode.min_len", "model.decoder_layers", "model.d_k",
               "model.d_v", "train.cooldown_steps", "data.loader_workers", "train.loss_chunks"):
     _positive(cfg, key, allow_zero=True)
-  positions.get(cfg.model.positional).check(cfg)  # an unknown kind is an error here
+  positions.check_config(cfg)  # an unknown kind, its keys, another kind's keys, its length limit
   _choice(cfg, "model.norm", NORM_KINDS)
   _choice(cfg, "model.dtype", DTYPES)
   _choice(cfg, "model.matmul_dtype", MATMUL_DTYPES)

@@ -43,6 +43,8 @@ RULES = (
     ("mlp", "tensor"),
     ("kv", None),
     ("position", None),
+    ("relative_buckets", None),    # T5's bias table, per head: follows 'heads'
+    ("relative_distances", None),  # Shaw's key and value embeddings of clipped offsets
     ("layers", None),
     ("batch", BATCH_AXES),
     ("length", None),

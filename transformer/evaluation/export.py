@@ -27,7 +27,7 @@ from transformer.cli import run_program
 from transformer.data import vocab as vocab_lib
 from transformer.errors import ConfigError
 from transformer.model import positions
-from transformer.model.transformer import ModelConfig
+from transformer.model.transformer import ModelConfig, layer_params
 from transformer.training.workdir import load_run
 
 FLAGS = flags.FLAGS
@@ -44,13 +44,6 @@ def _ctranslate2():
     raise ConfigError("--format=ctranslate2 needs the ctranslate2 package: pip install -e "
                       "'.[ctranslate2]'") from None
   return transformer_spec
-
-
-def _layer(stack: dict[str, Any], i: int) -> dict[str, Any]:
-  """Layer i's parameters, unrolled ('layer_i') or scanned (stacked under 'layers')."""
-  if "layers" in stack:
-    return jax.tree.map(lambda x: x[i], stack["layers"])
-  return stack[f"layer_{i}"]
 
 
 def _linear(spec, dense: dict[str, np.ndarray]) -> None:
@@ -133,7 +126,7 @@ def ctranslate2_spec(config: ModelConfig, params: Any, pieces: list[str], max_po
     if pre_norm:
       _norm(stack_spec.layer_norm, stack["final_norm"])
     for i, layer_spec in enumerate(stack_spec.layer):
-      layer = _layer(stack, i)
+      layer = layer_params(stack, i)
       _attention(layer_spec.self_attention, layer["self_attention"], layer["self_attention_norm"],
                  self_attention=True)
       if name == "decoder":

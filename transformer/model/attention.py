@@ -44,11 +44,39 @@ CACHE = Layout("bhgk,bhkn->bhgn", "bhgn,bhnv->bhgv")
 class Keys(NamedTuple):
   """One block of keys and values, the mask of what each query may read in it (broadcasting to the
   logits' shape; None = everything), and the first position it holds (blocks starting after the
-  furthest position reached are skipped)."""
+  furthest position reached are skipped). A positional encoding may add a float32 `bias` to the
+  scaled logits (broadcasting like the mask) and value embeddings of distances: `value_distances`
+  [B|1, T|1, S, R] one-hot rows of `value_embeddings` [R, V] added to each key's value."""
   key: jax.Array
   value: jax.Array
   mask: jax.Array | None
   start: int = 0
+  bias: jax.Array | None = None
+  value_distances: jax.Array | None = None
+  value_embeddings: jax.Array | None = None
+
+
+def by_distance(x: jax.Array, distances: jax.Array, to_keys: bool) -> jax.Array:
+  """Per-distance values [B, H, T, R] spread to the keys ([B, H, T, S], `to_keys`), or per-key
+  weights [B, H, T, S] summed per distance ([B, H, T, R]); `distances` [B|1, T|1, S, R] one-hot,
+  shared by the heads (and by the rows when its batch axis is 1). float32."""
+  if distances.shape[0] == 1:  # the same positions in every row: a matmul per query position
+    table, spec = jnp.broadcast_to(distances[0], (x.shape[2], *distances.shape[2:])), "tsr"
+  elif distances.shape[1] == 1:  # one query position per row (a decoding step)
+    table, spec = distances[:, 0], "bsr"
+  else:  # packed rows: positions of their own
+    table, spec = distances, "btsr"
+  spec = f"bhtr,{spec}->bhts" if to_keys else f"bhts,{spec}->bhtr"
+  return jnp.einsum(spec, x, table.astype(x.dtype), preferred_element_type=jnp.float32)
+
+
+def _distance_values(weights: jax.Array, block: Keys, layout: Layout) -> jax.Array | None:
+  """What the value embeddings of distances add to the output, in the layout's output axes."""
+  if block.value_distances is None:
+    return None
+  per_distance = by_distance(weights.astype(jnp.float32), block.value_distances, to_keys=False)
+  added = jnp.einsum("bhtr,rv->bhtv", per_distance, block.value_embeddings.astype(jnp.float32))
+  return added if layout == CACHE else jnp.swapaxes(added, 1, 2)
 
 
 def attention(query: jax.Array, blocks: Sequence[Keys], layout: Layout = SEQUENCE,
@@ -63,13 +91,17 @@ def attention(query: jax.Array, blocks: Sequence[Keys], layout: Layout = SEQUENC
   def logits_of(block: Keys) -> jax.Array:
     logits = jnp.einsum(layout.logits, query, block.key, preferred_element_type=jnp.float32)
     logits = logits / math.sqrt(query.shape[-1])
+    if block.bias is not None:
+      logits = logits + block.bias
     return logits if block.mask is None else jnp.where(block.mask, logits, MASKED)
 
   if len(blocks) == 1:
     (block,) = blocks
     weights = jax.nn.softmax(logits_of(block), axis=-1)
     used = weights if dropout is None else dropout(weights)
-    return jnp.einsum(layout.output, used.astype(block.value.dtype), block.value), weights
+    out = jnp.einsum(layout.output, used.astype(block.value.dtype), block.value)
+    added = _distance_values(used, block, layout)
+    return (out if added is None else out + added.astype(out.dtype)), weights
 
   def partial(block: Keys) -> tuple[jax.Array, jax.Array, jax.Array]:
     logits = logits_of(block)
@@ -77,9 +109,10 @@ def attention(query: jax.Array, blocks: Sequence[Keys], layout: Layout = SEQUENC
     weights = jnp.exp(logits - peak)
     if block.mask is not None:
       weights = jnp.where(block.mask, weights, 0.0)
-    return (peak, weights.sum(-1, keepdims=True),
-            jnp.einsum(layout.output, weights.astype(block.value.dtype), block.value,
-                       preferred_element_type=jnp.float32))
+    out = jnp.einsum(layout.output, weights.astype(block.value.dtype), block.value,
+                     preferred_element_type=jnp.float32)
+    added = _distance_values(weights, block, layout)
+    return peak, weights.sum(-1, keepdims=True), out if added is None else out + added
 
   parts = []
   for block in blocks:

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.model.attention import CACHE, Keys, attention
+from transformer.model.positions import Terms
 
 SELF, SOURCE = "cache", "source_cache"  # the two Flax collections of a decoding step's caches
 
@@ -54,9 +55,11 @@ def cross_attention(module: nn.Module, query: jax.Array, key_proj: Callable, val
 
 
 def self_attention(module: nn.Module, query: jax.Array, new_key: jax.Array, new_value: jax.Array,
-                   mask: jax.Array, step: jax.Array, decode_len: int) -> jax.Array:
+                   mask: jax.Array, step: jax.Array, decode_len: int, terms: Terms) -> jax.Array:
   """Writes the G hypotheses' new keys and values [B, G, H, d] at position `step` (one for all, or
-  [B]) and attends over the cache; `mask` [B, 1, G, decode_len * G] says which slots each reads."""
+  [B]) and attends over the cache; `mask` [B, 1, G, decode_len * G] says which slots each reads, and
+  the positional encoding's `terms` bias them or add value embeddings (their slot axis sliced like
+  the mask's; query and keys as `terms` gives them, rotated or not)."""
   (batch, beam_size, heads), key_dim, value_dim = new_key.shape[:3], new_key.shape[3], new_value.shape[3]
   steps = jnp.broadcast_to(step, (batch,))
   rows, hypotheses = jnp.arange(batch)[:, None], jnp.arange(beam_size)
@@ -71,7 +74,10 @@ def self_attention(module: nn.Module, query: jax.Array, new_key: jax.Array, new_
     slot = jnp.where((local >= 0) & (local < size), local, size)[:, None] * beam_size + hypotheses
     key_var.value = key_var.value.at[rows, :, :, slot].set(new_key, mode="drop")
     value_var.value = value_var.value.at[rows, :, slot].set(new_value, mode="drop")
-    block_mask = mask[..., start * beam_size:(start + size) * beam_size]
-    blocks.append(Keys(key_var.value, value_var.value, block_mask, start))
+    slots = slice(start * beam_size, (start + size) * beam_size)
+    blocks.append(Keys(key_var.value, value_var.value, mask[..., slots], start,
+                       None if terms.bias is None else terms.bias[..., slots],
+                       None if terms.value_distances is None else terms.value_distances[..., slots, :],
+                       terms.value_embeddings))
   out, _ = attention(_heads_first(query), blocks, CACHE, reached=jnp.max(steps))
   return _heads_first(out)

@@ -30,7 +30,7 @@ def analytic_param_count(config: ModelConfig) -> int:
   total = config.num_layers * encoder_layer + config.num_decoder_layers * decoder_layer + embeddings
   if config.norm == "pre":
     total += 2 * norm  # final LayerNorm of each stack
-  total += 2 * positions.get(config.positional).param_count(config)  # encoder's and decoder's
+  total += positions.get(config.positional).param_count(config)
   return total
 
 
@@ -50,7 +50,8 @@ def training_flops_per_target_token(config: ModelConfig, src_len: int, tgt_len: 
 
   Counts multiply-adds of every matmul (2 FLOPs each) including the attention scores and weighted
   sums over full (unmasked) lengths and the pre-softmax projection; embedding lookups, norms and
-  softmax are negligible and left out. Source tokens per target token = src_len / tgt_len.
+  softmax are negligible and left out, and so are the positional encoding's own products unless it
+  declares them (relative keys and values). Source tokens per target token = src_len / tgt_len.
   """
   d, f, v = config.d_model, config.d_ff, config.vocab_size
   hk, hv = config.num_heads * config.key_dim, config.num_heads * config.value_dim
@@ -59,4 +60,5 @@ def training_flops_per_target_token(config: ModelConfig, src_len: int, tgt_len: 
              + config.num_decoder_layers * 2 * (d * hk + d * hv))  # decoder's cross keys, values
   per_tgt = config.num_decoder_layers * (2 * (projections + d * hk + hv * d + 2 * d * f)  # self,
                                          + 2 * (tgt_len + src_len) * (hk + hv)) + 2 * v * d  # cross
-  return 3.0 * (per_tgt + per_src * src_len / tgt_len)
+  positional = positions.get(config.positional).flops_per_target_token(config, src_len, tgt_len)
+  return 3.0 * (per_tgt + per_src * src_len / tgt_len + positional)

@@ -64,6 +64,7 @@ class ModelConfig:
   matmul_dtype: Any = None  # bf16: the products' inputs in it, sums not (training or decoding)
   vocab_matmul_dtype: Any = None  # the same for the projection onto the vocabulary alone (decoding)
   decoder_layers: int = 0   # 0 = num_layers, the paper's N for both stacks
+  position_options: tuple[tuple[str, Any], ...] = ()  # the kinds' own keys (positions.option)
 
   @property
   def num_decoder_layers(self) -> int:
@@ -73,10 +74,11 @@ class ModelConfig:
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
     """Builds the model config from a run config's `model` section and the vocabulary size."""
     fields = {f.name for f in dataclasses.fields(cls)} - {"vocab_size", "dtype", "matmul_dtype",
-                                                          "vocab_matmul_dtype"}
+                                                          "vocab_matmul_dtype", "position_options"}
+    options = tuple((key.name, model[key.name]) for key in positional.all_keys() if key.name in model)
     return cls(vocab_size=vocab_size, dtype=jnp.dtype(model.dtype),
                matmul_dtype=None if model.matmul_dtype == "float32" else jnp.dtype(model.matmul_dtype),
-               **{name: model[name] for name in fields})
+               position_options=options, **{name: model[name] for name in fields})
 
   @property
   def key_dim(self) -> int:
@@ -140,13 +142,16 @@ class MultiHeadAttention(nn.Module):
   the first call and reused). Applied with the
   'intermediates' collection mutable, outside decoding, it also records its attention weights
   [B,H,T,S] there ('attention_weights', read by attention_maps.py); otherwise that costs nothing.
+  With `relate` (self-attention) the positional encoding acts on it (positions/base.py: `attend`,
+  given what its `prepare` computed for the stack).
   """
   config: ModelConfig
+  relate: bool = False
 
   @nn.compact
   def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array, mask: jax.Array | None, *,
                deterministic: bool, cache: str | None = None, decode_len: int = 0,
-               step: jax.Array | None = None) -> jax.Array:
+               step: jax.Array | None = None, prepared: Any = None) -> jax.Array:
     cfg = self.config
     heads = cfg.num_heads
     project = lambda name, depth: nn.DenseGeneral(
@@ -156,35 +161,43 @@ class MultiHeadAttention(nn.Module):
     key_proj, value_proj = project("key", cfg.key_dim), project("value", cfg.value_dim)
     if cache == "cross":
       out = kv_cache.cross_attention(self, query, key_proj, value_proj, inputs_kv, mask)
-    elif cache == "self":
-      out = kv_cache.self_attention(self, query, key_proj(inputs_kv), value_proj(inputs_kv), mask,
-                                    step, decode_len)
     else:
       key, value = key_proj(inputs_kv), value_proj(inputs_kv)
-      query, key, value = (constrain(x, "batch", "length", "act_heads", "kv")
-                           for x in (query, key, value))
-      out = self._full_sequence(query, key, value, mask, deterministic)
+      terms = (positional.get(cfg.positional).attend(self, cfg, query, key, prepared)
+               if self.relate else positional.Terms(query, key))
+      if cache == "self":
+        out = kv_cache.self_attention(self, terms.query, terms.key, value, mask, step, decode_len,
+                                      terms)
+      else:
+        query, key, value = (constrain(x, "batch", "length", "act_heads", "kv")
+                             for x in (terms.query, terms.key, value))
+        out = self._full_sequence(query, key, value, mask, deterministic, terms)
     return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), dtype=cfg.dtype, name="out",
                            dot_general=matmul(cfg),
                            kernel_init=_init(_dense_init, "heads", "kv", "embed"),
                            bias_init=_init(_zeros, "embed"))(out)
 
   def _full_sequence(self, query: jax.Array, key: jax.Array, value: jax.Array,
-                     mask: jax.Array | None, deterministic: bool) -> jax.Array:
-    """Attention over whole sequences: ours (with attention dropout), XLA's or cuDNN's kernel."""
+                     mask: jax.Array | None, deterministic: bool, terms: positional.Terms
+                     ) -> jax.Array:
+    """Attention over whole sequences: ours (with attention dropout, or value embeddings of
+    distances), XLA's or cuDNN's kernel (which take the positions' bias)."""
     cfg = self.config
     with_dropout = not deterministic and cfg.attention_dropout > 0.0
-    kernel = attention_kernel(cfg, with_dropout)
+    kernel = attention_kernel(cfg, with_dropout or terms.value_distances is not None)
     if kernel == "reference" or self.is_mutable_collection("intermediates"):
       dropout = lambda w: nn.Dropout(cfg.attention_dropout)(w, deterministic=not with_dropout)
-      out, weights = attention(query, [Keys(key, value, mask)], SEQUENCE, dropout)
+      block = Keys(key, value, mask, bias=terms.bias, value_distances=terms.value_distances,
+                   value_embeddings=terms.value_embeddings)
+      out, weights = attention(query, [block], SEQUENCE, dropout)
       if self.is_mutable_collection("intermediates"):
         self.sow("intermediates", "attention_weights", weights)
       if kernel == "reference":
         return out
     if mask is not None:  # cuDNN wants the query axis spelled out; XLA broadcasts either way
       mask = jnp.broadcast_to(mask, (*mask.shape[:2], query.shape[1], key.shape[1]))
-    return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation=kernel)
+    return jax.nn.dot_product_attention(query, key, value, bias=terms.bias, mask=mask,
+                                        implementation=kernel)
 
 
 # ------------------------------------------------------------------------------------------- layers
@@ -235,10 +248,10 @@ class EncoderLayer(nn.Module):
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, mask: jax.Array, prepared: Any = None) -> jax.Array:
     cfg, deterministic = self.config, self.deterministic
-    attend = MultiHeadAttention(cfg, name="self_attention")
-    x = residual(cfg, x, lambda y: attend(y, y, mask, deterministic=deterministic),
+    attend = MultiHeadAttention(cfg, relate=True, name="self_attention")
+    x = residual(cfg, x, lambda y: attend(y, y, mask, deterministic=deterministic, prepared=prepared),
                  _layer_norm(cfg, "self_attention_norm"), deterministic)
     x = residual(cfg, x, FeedForward(cfg, name="ffn"), _layer_norm(cfg, "ffn_norm"), deterministic)
     return constrain(x, "batch", "length", "act_embed")
@@ -252,13 +265,15 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, encoded: jax.Array, self_mask: jax.Array | None,
-               cross_mask: jax.Array, step: jax.Array | None = None) -> jax.Array:
+               cross_mask: jax.Array, step: jax.Array | None = None, prepared: Any = None
+               ) -> jax.Array:
     cfg, deterministic = self.config, self.deterministic
-    self_attend = MultiHeadAttention(cfg, name="self_attention")
+    self_attend = MultiHeadAttention(cfg, relate=True, name="self_attention")
     cross_attend = MultiHeadAttention(cfg, name="cross_attention")
     x = residual(cfg, x, lambda y: self_attend(y, y, self_mask, deterministic=deterministic,
                                                cache="self" if self.decode else None,
-                                               decode_len=self.decode_len, step=step),
+                                               decode_len=self.decode_len, step=step,
+                                               prepared=prepared),
                  _layer_norm(cfg, "self_attention_norm"), deterministic)
     x = residual(cfg, x, lambda y: cross_attend(y, encoded, cross_mask, deterministic=deterministic,
                                                 cache="cross" if self.decode else None),
@@ -298,6 +313,13 @@ def stack_layers(config: ModelConfig, num_layers: int, layer: type[nn.Module], x
   return x
 
 
+def layer_params(stack: dict[str, Any], i: int) -> dict[str, Any]:
+  """Layer i's parameters of a stack's, unrolled ('layer_i') or scanned (stacked under 'layers')."""
+  if "layers" in stack:
+    return jax.tree.map(lambda x: x[i], stack["layers"])
+  return stack[f"layer_{i}"]
+
+
 def embed_tokens(config: ModelConfig, embed: nn.Embed, tokens: jax.Array) -> jax.Array:
   """Token embeddings scaled by sqrt(D), as the paper does for the shared matrix. The rows are
   gathered from the float32 table and then cast (nn.Embed casts the table first: the same values),
@@ -315,12 +337,14 @@ class Encoder(nn.Module):
   def __call__(self, src: jax.Array, deterministic: bool, segments: jax.Array | None = None,
                positions: jax.Array | None = None) -> jax.Array:
     cfg = self.config
-    x = embed_tokens(cfg, self.embed, src)
-    x = positional.get(cfg.positional)(cfg, name="positions")(x, default_positions(src, positions))
+    at = default_positions(src, positions)
+    kind = positional.get(cfg.positional)(cfg, name="positions")
+    x = kind.embed(embed_tokens(cfg, self.embed, src), at)
     x = constrain(nn.Dropout(cfg.dropout)(x, deterministic=deterministic), "batch", "length",
                   "act_embed")
     mask = source_mask(src) if segments is None else segment_mask(segments, segments)
-    x = stack_layers(cfg, cfg.num_layers, EncoderLayer, x, mask, deterministic=deterministic)
+    x = stack_layers(cfg, cfg.num_layers, EncoderLayer, x, mask, kind.prepare(at, at, causal=False),
+                     deterministic=deterministic)
     if cfg.norm == "pre":
       x = _layer_norm(cfg, "final_norm")(x)
     return x
@@ -342,21 +366,23 @@ class Decoder(nn.Module):
     cfg = self.config
     if decode:  # tgt_in [B, G]: G hypotheses per sentence at position `step` (scalar or [B]).
       positions = jnp.broadcast_to(step, tgt_in.shape[:1])[:, None]
+      key_positions = (jnp.arange(decode_len * tgt_in.shape[1]) // tgt_in.shape[1])[None]  # slots
       cross_mask = source_mask(src)
     elif tgt_segments is None:
-      positions = default_positions(tgt_in, None)
+      positions = key_positions = default_positions(tgt_in, None)
       self_mask = causal_mask(tgt_in) & (tgt_in != PAD_ID)[:, None, None, :]
       cross_mask = source_mask(src)
     else:  # packed rows: attend within the same segment only.
-      positions = tgt_positions
+      positions = key_positions = tgt_positions
       self_mask = causal_mask(tgt_in) & segment_mask(tgt_segments, tgt_segments)
       cross_mask = segment_mask(tgt_segments, src_segments)
-    x = embed_tokens(cfg, self.embed, tgt_in)
-    x = positional.get(cfg.positional)(cfg, name="positions")(x, positions)
+    kind = positional.get(cfg.positional)(cfg, name="positions")
+    x = kind.embed(embed_tokens(cfg, self.embed, tgt_in), positions)
     x = constrain(nn.Dropout(cfg.dropout)(x, deterministic=deterministic), "batch", "length",
                   "act_embed")
     x = stack_layers(cfg, cfg.num_decoder_layers, DecoderLayer, x, encoded, self_mask, cross_mask,
-                     step, deterministic=deterministic, decode=decode, decode_len=decode_len)
+                     step, kind.prepare(positions, key_positions, causal=True),
+                     deterministic=deterministic, decode=decode, decode_len=decode_len)
     if cfg.norm == "pre":
       x = _layer_norm(cfg, "final_norm")(x)
     if cfg.share_embeddings:

@@ -1,8 +1,32 @@
-"""The contract of a positional encoding, and the registry of kinds."""
+"""The contract of a positional encoding, and the registry of kinds.
+
+A kind tells the model where tokens are in one or more of three places, each a method with a
+do-nothing default, so a kind overrides only what it does:
+
+  embed     adds to the token embeddings, once per stack (the paper's sinusoids, a learned table);
+  prepare   computes, once per stack, what every self-attention layer of the stack is given
+            (a per-head bias of the scores from query and key positions: T5's buckets, ALiBi);
+  attend    acts in each self-attention layer on its queries and keys: rotates them (rotary), or
+            biases the scores by the query and adds to the values (Shaw et al.'s relative keys
+            and values, with per-layer parameters).
+
+Self-attention only: the encoder's is bidirectional (`causal` False), the decoder's causal; the
+decoder's attention over the source is untouched. In a decoding step the queries are the G new
+positions of each sentence and the keys are the cache's slots (slot = position * G + hypothesis), so a
+kind written against positions is exact with the cache too; packed rows pass per-pair positions and
+attention never crosses pairs, so nothing leaks between segments.
+
+A kind also declares its config keys (`keys`: `config.model.<name>`, with defaults and checks), the
+parameters and FLOPs it adds, its length limit, its export (evaluation/export.py asks `export`) and
+what the positional-encoding figure draws (`drawings`); config.py, the size counts, the searches and
+the tests ask the registry, so nothing else names a kind.
+"""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import dataclasses
+from collections.abc import Callable
+from typing import Any, ClassVar, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -14,28 +38,71 @@ from transformer.errors import ConfigError
 _KINDS: dict[str, type[PositionalEncoding]] = {}
 
 
-class PositionalEncoding(nn.Module):
-  """Adds position information to embeddings x [B, L, D] at `positions` [B, L].
+@dataclasses.dataclass(frozen=True)
+class Key:
+  """A kind's hyper-parameter: `config.model.<name>`, its default and what a valid value is."""
+  name: str
+  default: Any
+  help: str
+  need: str  # what a valid value is, for the error message ("a positive integer")
+  valid: Callable[[Any], bool]
 
-  The model creates it as the submodule `positions` of each stack, so its parameters (if any) live
-  under encoder/positions/ and decoder/positions/.
-  """
+
+def integer_key(name: str, default: int, help: str, least: int = 1) -> Key:
+  return Key(name, default, help, f"an integer >= {least}",
+             lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= least)
+
+
+def positive_number_key(name: str, default: float, help: str) -> Key:
+  return Key(name, default, help, "a positive number",
+             lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0)
+
+
+class Terms(NamedTuple):
+  """What a kind does to one self-attention layer: its queries and keys (rotated or not), a float32
+  bias of the scores (broadcasting to [B, H, T, S], added after the 1/sqrt(d_k) scaling), and value
+  embeddings of distances: `value_distances` [B|1, T|1, S, R] one-hot rows of `value_embeddings`
+  [R, d_v] that each key adds to its value."""
+  query: jax.Array
+  key: jax.Array
+  bias: jax.Array | None = None
+  value_distances: jax.Array | None = None
+  value_embeddings: jax.Array | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Drawing:
+  """A 2-D array the positional-encoding figure draws, with its axes' names; `similarity`: also
+  draw the cosine similarity of its rows (positions of an additive table)."""
+  values: np.ndarray
+  rows: str
+  columns: str
+  similarity: bool = False
+
+
+class PositionalEncoding(nn.Module):
+  """A stack's `positions` submodule: its parameters (made in `setup`) live under encoder/positions/
+  and decoder/positions/; per-layer parameters (`attend`) under each layer's self_attention/."""
   config: Any  # model.transformer.ModelConfig
   kind: ClassVar[str]
+  keys: ClassVar[tuple[Key, ...]] = ()
 
-  @nn.compact
-  def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
-    return x + self.encoding(positions).astype(x.dtype)
+  def embed(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+    """x [B, L, D], the token embeddings at `positions` [B, L], with position added (or not)."""
+    return x
 
-  def encoding(self, positions: jax.Array) -> jax.Array:
-    """[B, L, D] what is added at `positions`."""
-    raise NotImplementedError
+  def prepare(self, query_positions: jax.Array, key_positions: jax.Array, causal: bool) -> Any:
+    """What each self-attention layer of the stack gets (a pytree of arrays, or None), from the
+    positions of its queries [B, T] and keys [B|1, S]."""
+    return None
 
   @classmethod
-  def table(cls, config: Any, stack_params: dict[str, Any], rows: int) -> np.ndarray:
-    """[rows, D] what the trained stack (`stack_params`: its parameters) adds at 0 .. rows-1: the
-    table an inference engine is given and the attention-map figures draw."""
-    raise NotImplementedError
+  def attend(cls, module: nn.Module, config: Any, query: jax.Array, key: jax.Array,
+             prepared: Any) -> Terms:
+    """One self-attention layer's terms; `module` is the layer's attention (for parameters of its
+    own), query [B, T, H, K] and key [B, S, H, K] (in a decoding step the new keys, at the query
+    positions), `prepared` what `prepare` gave."""
+    return Terms(query, key)
 
   @classmethod
   def longest(cls, config: Any) -> int | None:
@@ -44,18 +111,43 @@ class PositionalEncoding(nn.Module):
 
   @classmethod
   def param_count(cls, config: Any) -> int:
-    """Parameters it adds to one stack."""
+    """Parameters it adds to the model (both stacks, every layer)."""
     return 0
 
   @classmethod
+  def flops_per_target_token(cls, config: Any, src_len: int, tgt_len: int) -> float:
+    """Forward FLOPs it adds per target token (multiply-adds of its products, 2 each)."""
+    return 0.0
+
+  @classmethod
+  def drawings(cls, config: Any, params: Any, rows: int) -> dict[str, Drawing]:
+    """What the positional-encoding figure draws of a trained model (`params`: all of them)."""
+    return {}
+
+  @classmethod
+  def export(cls, config: Any, params: Any, encoder: Any, decoder: Any, rows: int) -> None:
+    """Writes the kind into CTranslate2's encoder and decoder specs (made by `export_options`)."""
+    raise ConfigError(f"CTranslate2 cannot hold {cls.kind!r} positions (its model specification "
+                      "has no such kind); translate with transformer-translate instead")
+
+  @classmethod
+  def export_options(cls, config: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Keyword arguments of CTranslate2's TransformerEncoderSpec and TransformerDecoderSpec."""
+    return {}, {}
+
+  @classmethod
   def check(cls, cfg: ml_collections.ConfigDict) -> None:
-    """Raises ConfigError where a run config cannot work with this kind."""
+    """Raises ConfigError where a run config cannot work with this kind (beyond its keys' checks)."""
 
 
 def register(cls: type[PositionalEncoding]) -> type[PositionalEncoding]:
   """Class decorator: makes `cls` the kind named `cls.kind`."""
   if cls.kind in _KINDS:
     raise ValueError(f"positional encoding {cls.kind!r} is registered twice")
+  taken = {key.name: kind for kind, other in _KINDS.items() for key in other.keys}
+  for key in cls.keys:
+    if key.name in taken:
+      raise ValueError(f"config key model.{key.name} of {cls.kind!r} is {taken[key.name]!r}'s")
   _KINDS[cls.kind] = cls
   return cls
 
@@ -70,3 +162,41 @@ def get(kind: str) -> type[PositionalEncoding]:
     raise ConfigError(f"config.model.positional must be one of {', '.join(map(repr, _KINDS))}; "
                       f"got {kind!r}")
   return _KINDS[kind]
+
+
+def all_keys() -> tuple[Key, ...]:
+  """Every kind's config keys, in registration order (config.base_config adds them all)."""
+  return tuple(key for cls in _KINDS.values() for key in cls.keys)
+
+
+def option(config: Any, name: str) -> Any:
+  """The value of a kind's key `name` in a model.ModelConfig (its default where not set)."""
+  values = dict(config.position_options)
+  if name in values:
+    return values[name]
+  (key,) = [key for key in all_keys() if key.name == name]
+  return key.default
+
+
+def check_config(cfg: ml_collections.ConfigDict) -> None:
+  """The run's kind exists, its keys are valid, no other kind's key is set, and its length limit
+  reaches data.max_len: each a ConfigError naming the key."""
+  kind = get(cfg.model.positional)
+  for key in kind.keys:
+    value = cfg.model[key.name]
+    if not key.valid(value):
+      raise ConfigError(f"config.model.{key.name} must be {key.need}, got {value!r}")
+  for other, cls in _KINDS.items():
+    for key in cls.keys:
+      if other != kind.kind and key.name in cfg.model and cfg.model[key.name] != key.default:
+        raise ConfigError(
+            f"config.model.{key.name} is a hyper-parameter of positional={other!r}, but this run's "
+            f"positional is {kind.kind!r}; drop the override or set "
+            f"--config.model.positional={other}")
+  kind.check(cfg)
+  from transformer.model.transformer import ModelConfig  # noqa: PLC0415  (the model imports us)
+  longest = kind.longest(ModelConfig.from_config(cfg.model, cfg.data.vocab_size))
+  if longest is not None and longest < cfg.data.max_len:
+    raise ConfigError(f"{kind.kind!r} positions reach {longest} positions (config.model.max_len), "
+                      f"below config.data.max_len ({cfg.data.max_len}); raise "
+                      f"config.model.max_len to at least {cfg.data.max_len}")

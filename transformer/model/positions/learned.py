@@ -1,4 +1,4 @@
-"""A learned table of `model.max_len` rows per stack (the paper's Table 3, row E)."""
+"""A learned table of `model.max_len` rows per stack, added to the embeddings (Table 3, row E)."""
 
 from __future__ import annotations
 
@@ -6,25 +6,27 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import ml_collections
 import numpy as np
 
-from transformer.errors import ConfigError
-from transformer.model.positions.base import PositionalEncoding, register
+from transformer.model.positions.base import Drawing, PositionalEncoding, register
+from transformer.model.positions.sinusoidal import additive_drawing, export_tables
+
+
+def _table(params: Any, stack: str, rows: int) -> np.ndarray:
+  return np.asarray(params[stack]["positions"]["learned"]["embedding"])[:rows]
 
 
 @register
 class Learned(PositionalEncoding):
   kind = "learned"
 
-  def encoding(self, positions: jax.Array) -> jax.Array:
+  def setup(self):
     cfg = self.config
     init = nn.with_logical_partitioning(nn.initializers.normal(0.02), ("position", "embed"))
-    return nn.Embed(cfg.max_len, cfg.d_model, name="learned", embedding_init=init)(positions)
+    self.learned = nn.Embed(cfg.max_len, cfg.d_model, embedding_init=init)
 
-  @classmethod
-  def table(cls, config: Any, stack_params: dict[str, Any], rows: int) -> np.ndarray:
-    return np.asarray(stack_params["positions"]["learned"]["embedding"])[:rows]
+  def embed(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+    return x + self.learned(positions).astype(x.dtype)
 
   @classmethod
   def longest(cls, config: Any) -> int:
@@ -32,10 +34,13 @@ class Learned(PositionalEncoding):
 
   @classmethod
   def param_count(cls, config: Any) -> int:
-    return config.max_len * config.d_model
+    return 2 * config.max_len * config.d_model
 
   @classmethod
-  def check(cls, cfg: ml_collections.ConfigDict) -> None:
-    if cfg.model.max_len < cfg.data.max_len:
-      raise ConfigError(f"config.model.max_len ({cfg.model.max_len}) must be >= config.data.max_len "
-                        f"({cfg.data.max_len}) for learned positions")
+  def drawings(cls, config: Any, params: Any, rows: int) -> dict[str, Drawing]:
+    return {f"learned ({stack})": additive_drawing(_table(params, stack, rows))
+            for stack in ("encoder", "decoder")}
+
+  @classmethod
+  def export(cls, config: Any, params: Any, encoder: Any, decoder: Any, rows: int) -> None:
+    export_tables(encoder, decoder, (_table(params, "encoder", rows), _table(params, "decoder", rows)))

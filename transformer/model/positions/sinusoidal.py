@@ -1,4 +1,4 @@
-"""The paper's sinusoids (section 3.5): fixed, defined at every position."""
+"""The paper's sinusoids (section 3.5): fixed, defined at every position, added to the embeddings."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.model.positions.base import PositionalEncoding, register
+from transformer.model.positions.base import Drawing, PositionalEncoding, register
 
 
 def sinusoidal_encoding(positions: jax.Array, d_model: int) -> jax.Array:
@@ -18,13 +18,29 @@ def sinusoidal_encoding(positions: jax.Array, d_model: int) -> jax.Array:
   return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, d_model)
 
 
+def additive_drawing(table: np.ndarray) -> Drawing:
+  """An added table as the figure draws it: position x dimension, and its rows' similarity."""
+  return Drawing(table, "position", "dimension", similarity=True)
+
+
+def export_tables(encoder: Any, decoder: Any, tables: tuple[np.ndarray, np.ndarray]) -> None:
+  """CTranslate2 adds a `position_encodings` table to each stack's scaled embeddings, as we do."""
+  encoder.position_encodings.encodings, decoder.position_encodings.encodings = tables
+
+
 @register
 class Sinusoidal(PositionalEncoding):
   kind = "sinusoidal"
 
-  def encoding(self, positions: jax.Array) -> jax.Array:
-    return sinusoidal_encoding(positions, self.config.d_model)
+  def embed(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+    return x + sinusoidal_encoding(positions, self.config.d_model).astype(x.dtype)
 
   @classmethod
-  def table(cls, config: Any, stack_params: dict[str, Any], rows: int) -> np.ndarray:
-    return np.asarray(sinusoidal_encoding(jnp.arange(rows), config.d_model))
+  def drawings(cls, config: Any, params: Any, rows: int) -> dict[str, Drawing]:
+    table = np.asarray(sinusoidal_encoding(jnp.arange(rows), config.d_model))
+    return {"sinusoidal (encoder and decoder)": additive_drawing(table)}
+
+  @classmethod
+  def export(cls, config: Any, params: Any, encoder: Any, decoder: Any, rows: int) -> None:
+    table = np.asarray(sinusoidal_encoding(jnp.arange(rows), config.d_model))
+    export_tables(encoder, decoder, (table, table))
