@@ -20,6 +20,7 @@ from helpers import cli_overrides, run_cli, snapshot, tiny_run_config
 
 from transformer.data import token_cache
 from transformer.data import vocab as vocab_lib
+from transformer.model import positions
 from transformer.training.train import train_and_evaluate
 
 
@@ -106,8 +107,13 @@ CASES = {
                           "config.data.tokens_per_batch must be a positive integer, got -512",
                           True),
     "unknown positional": Case(
-        "training.train", ("--config.model.positional=rotary",),
-        "config.model.positional must be one of 'sinusoidal', 'learned'; got 'rotary'", True),
+        "training.train", ("--config.model.positional=fourier",),
+        f"config.model.positional must be one of {', '.join(map(repr, positions.kinds()))}; got "
+        "'fourier'", True),
+    "another kind's hyper-parameter": Case(
+        "training.train", ("--config.model.positional=t5", "--config.model.relative_clip=8"),
+        "config.model.relative_clip is a hyper-parameter of positional='relative', but this run's "
+        "positional is 't5'", True),
     "unknown norm": Case("training.train", ("--config.model.norm=sandwich",),
                          "config.model.norm must be one of 'post', 'pre'; got 'sandwich'", True),
     "missing config file": Case("training.train", ("--config=configs/missing.py", "--workdir={new}"),

@@ -1,11 +1,13 @@
 """Configs load with the paper's values, and bad values are one-line errors naming the key."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
 
 from transformer.config import ConfigError, validate
+from transformer.model import positions
 
 CONFIGS = Path(__file__).parent.parent / "configs"
 
@@ -40,7 +42,12 @@ def test_default_config_is_valid():
 
 @pytest.mark.parametrize("key,value,message", [
     ("model.num_heads", 3, r"config.model.d_model \(256\) must be divisible by config.model.num_heads \(3\)"),
-    ("model.positional", "rotary", r"config.model.positional must be one of 'sinusoidal', 'learned'; got 'rotary'"),
+    ("model.positional", "fourier", "config.model.positional must be one of "
+     + re.escape(", ".join(map(repr, positions.kinds()))) + "; got 'fourier'"),
+    ("model.relative_clip", 0, r"config.model.relative_clip must be an integer >= 1, got 0"),
+    ("model.rotary_base", 1000.0, r"config.model.rotary_base is a hyper-parameter of "
+     r"positional='rotary', but this run's positional is 'sinusoidal'; drop the override or set "
+     r"--config.model.positional=rotary"),
     ("model.norm", "sandwich", r"config.model.norm must be one of"),
     ("model.d_ff", -5, r"config.model.d_ff must be a positive integer, got -5"),
     ("model.num_layers", 0, r"config.model.num_layers must be a positive integer, got 0"),

@@ -13,12 +13,15 @@ from helpers import init_params, random_tokens, run_cli, tiny_model_config, tiny
 from transformer import decoding
 from transformer.data import vocab as vocab_lib
 from transformer.decoding import textbook as reference
+from transformer.errors import ConfigError
 from transformer.evaluation import export
+from transformer.model import positions
 from transformer.model.transformer import EOS_ID, PAD_ID, Transformer, shift_right
 from transformer.training.train import train_and_evaluate
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 VOCAB = 24
+EXPORTED = {"sinusoidal", "learned", "relative", "t5", "rotary", "none"}  # CTranslate2 holds these
 PIECES = ["<pad>", "</s>", "<s>", "<unk>"] + [f"w{i}" for i in range(4, VOCAB)]
 
 
@@ -139,3 +142,26 @@ def test_export_refuses_a_directory_in_use_and_says_so(run, tmp_path):
   assert done.returncode != 0
   assert "exists and is not empty; choose a new directory" in done.stderr
   assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("kind", positions.kinds())
+def test_every_kind_exports_where_ctranslate2_holds_it_and_is_refused_clearly_elsewhere(tmp_path,
+                                                                                        kind):
+  """Scored alike by both engines over targets longer than the relative clip and the T5 buckets'
+  exact range, or one line saying CTranslate2 cannot hold the kind (ALiBi: its encoder has none)."""
+  options = (("relative_clip", 3), ("t5_buckets", 8), ("t5_max_distance", 12))
+  config = tiny_model_config(vocab_size=VOCAB, positional=kind, position_options=options)
+  model = Transformer(config)
+  params = init_params(model, seed=1)
+  src = random_tokens(np.random.default_rng(0), 3, 14, VOCAB, lengths=[14, 9, 3])
+  tgt = random_tokens(np.random.default_rng(1), 3, 16, VOCAB, lengths=[16, 4, 11])
+  try:
+    engine = translator(tmp_path, config, params)
+  except ConfigError as error:
+    assert kind not in EXPORTED and f"CTranslate2 cannot hold {kind!r} positions" in str(error)
+    return
+  assert kind in EXPORTED
+  ours = np.asarray(decoding.forced_log_probs(model, params, jnp.asarray(src), jnp.asarray(tgt)))
+  theirs = engine.score_batch([pieces(r) for r in src], [pieces(r) for r in tgt])
+  for row, result in enumerate(theirs):
+    np.testing.assert_allclose(result.log_probs, ours[row][tgt[row] != PAD_ID], atol=1e-4)

@@ -1,15 +1,16 @@
-"""Positional encodings behind one registry: a kind registered here (a toy) is used by the model,
-training, decoding, the export and the parameter count, and an unknown kind is an error everywhere."""
+"""Positional encodings behind one registry: a toy kind of each shape (tests/toy_positions.py:
+additive, a bias of the scores, a rotation), registered alone, is used by the config, the model,
+training, decoding, the export and the counts; an unknown kind is an error everywhere."""
 
 from __future__ import annotations
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 from helpers import init_params, random_tokens, tiny_model_config
+from toy_positions import LONGEST, TOYS, NearbyBias, ScaledSinusoids
 
 from transformer.config import base_config, validate
 from transformer.decoding import Greedy, decode, textbook, translator
@@ -17,54 +18,28 @@ from transformer.errors import ConfigError
 from transformer.evaluation import export
 from transformer.model import positions
 from transformer.model.positions import base as registry
-from transformer.model.positions.sinusoidal import sinusoidal_encoding
 from transformer.model.size import analytic_param_count, param_counts
 from transformer.model.transformer import Transformer
 from transformer.training.step import TrainState, train_step
 
-LONGEST = 7
 
-
-class ScaledSinusoids(positions.PositionalEncoding):
-  """The sinusoids times a learned scalar per stack, defined up to LONGEST positions."""
-  kind = "toy_scaled"
-
-  def encoding(self, at: jax.Array) -> jax.Array:
-    scale = self.param("scale", nn.initializers.constant(3.0), ())
-    return scale * sinusoidal_encoding(at, self.config.d_model)
-
-  @classmethod
-  def table(cls, config, stack_params, rows):
-    return float(stack_params["positions"]["scale"]) * np.asarray(
-        sinusoidal_encoding(jnp.arange(rows), config.d_model))
-
-  @classmethod
-  def longest(cls, config):
-    return LONGEST
-
-  @classmethod
-  def param_count(cls, config):
-    return 1
-
-
-@pytest.fixture
-def toy(monkeypatch):
-  monkeypatch.setitem(registry._KINDS, ScaledSinusoids.kind, ScaledSinusoids)
-  model = Transformer(tiny_model_config(positional=ScaledSinusoids.kind))
+@pytest.fixture(params=TOYS, ids=lambda toy: toy.kind)
+def toy(request, monkeypatch):
+  monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))
+  registry.register(request.param)
+  model = Transformer(tiny_model_config(positional=request.param.kind))
   return model, init_params(model)
 
 
-def test_the_model_adds_the_registered_kind(toy):
+def test_the_model_uses_the_registered_kind_and_counts_its_parameters(toy):
   model, params = toy
-  assert float(params["encoder"]["positions"]["scale"]) == 3.0
   count = sum(leaf.size for leaf in jax.tree.leaves(params))
   assert analytic_param_count(model.config) == count == sum(
       v for k, v in param_counts(model.config).items() if "/" not in k)
-  doubled = jax.tree_util.tree_map_with_path(
-      lambda path, x: x * 2 if "scale" in jax.tree_util.keystr(path) else x, params)
   src = random_tokens(np.random.default_rng(0), 2, 5, 24)
+  plain = Transformer(tiny_model_config(positional="none"))
   assert not np.allclose(model.apply({"params": params}, src, method=model.encode),
-                         model.apply({"params": doubled}, src, method=model.encode))
+                         plain.apply({"params": init_params(plain)}, src, method=plain.encode))
 
 
 def test_training_updates_the_kinds_parameters(toy):
@@ -74,14 +49,16 @@ def test_training_updates_the_kinds_parameters(toy):
   batch = {"src": random_tokens(rng, 3, 5, 24), "tgt": random_tokens(rng, 3, 6, 24)}
   new_state, _ = train_step(state, batch, jax.random.key(0), smoothing=0.1)
   for stack in ("encoder", "decoder"):
-    assert float(new_state.params[stack]["positions"]["scale"]) != 3.0
+    for old, new in zip(jax.tree.leaves(params[stack].get("positions", {})),
+                        jax.tree.leaves(new_state.params[stack].get("positions", {}))):
+      assert not np.allclose(old, new)
 
 
 def test_decoding_uses_the_kind_and_its_length_limit(toy):
   model, params = toy
+  longest = positions.get(model.config.positional).longest(model.config)
   settings = translator.SearchSettings(max_extra_len=50)
-  assert translator.decode_length([model], 5, settings) == LONGEST
-  assert textbook.padded_shape(model, 6, 1)[1] == LONGEST
+  assert translator.decode_length([model], 5, settings) == (longest or 55)
   src = jnp.asarray(random_tokens(np.random.default_rng(2), 2, 5, 24))
   limits = np.array([LONGEST, 4])
   result = decode(Greedy(), model, params, src, jnp.asarray(limits), LONGEST)
@@ -90,25 +67,60 @@ def test_decoding_uses_the_kind_and_its_length_limit(toy):
     assert tuple(int(t) for t in np.asarray(result.tokens[row, 0]) if t) == seq
 
 
-def test_export_writes_the_kinds_table_and_respects_its_length(toy):
+def test_the_config_holds_the_kinds_keys_and_checks_them(toy):
+  model, _ = toy
+  kind = positions.get(model.config.positional)
+  cfg = base_config()
+  cfg.model.positional = kind.kind
+  cfg.model.max_len = cfg.data.max_len = LONGEST
+  validate(cfg)
+  if kind is NearbyBias:
+    assert cfg.model.toy_reach == 3
+    cfg.model.toy_reach = 0
+    with pytest.raises(ConfigError, match="config.model.toy_reach must be an integer >= 1, got 0"):
+      validate(cfg)
+  else:
+    cfg.model.relative_clip = 5
+    with pytest.raises(ConfigError, match="config.model.relative_clip is a hyper-parameter of "
+                                          f"positional='relative', but this run's positional is "
+                                          f"'{kind.kind}'"):
+      validate(cfg)
+
+
+def test_a_kinds_length_limit_below_max_len_is_an_error(monkeypatch):
+  monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))
+  registry.register(ScaledSinusoids)
+  cfg = base_config()
+  cfg.model.positional = ScaledSinusoids.kind
+  with pytest.raises(ConfigError, match=f"'toy_scaled' positions reach {LONGEST} positions .*below "
+                                        "config.data.max_len \\(256\\)"):
+    validate(cfg)
+
+
+def test_the_export_refuses_a_kind_it_cannot_hold(toy):
   model, params = toy
-  table = export.position_table(model.config, params["decoder"], 5)
-  np.testing.assert_allclose(table, 3.0 * np.asarray(sinusoidal_encoding(jnp.arange(5), 16)),
-                             rtol=1e-6)
+  pytest.importorskip("ctranslate2")
+  with pytest.raises(ConfigError, match=f"CTranslate2 cannot hold '{model.config.positional}'"):
+    export.ctranslate2_spec(model.config, params, [f"p{i}" for i in range(24)], 5)
 
 
 def test_an_unknown_kind_is_an_error_everywhere():
   cfg = base_config()
-  cfg.model.positional = "rotary"
+  cfg.model.positional = "fourier"
   with pytest.raises(ConfigError, match="config.model.positional must be one of 'sinusoidal', "
-                                        "'learned'; got 'rotary'"):
+                                        "'learned', 'relative', 't5', 'rotary', 'alibi', 'none'; "
+                                        "got 'fourier'"):
     validate(cfg)
-  model = Transformer(tiny_model_config(positional="rotary"))
-  with pytest.raises(ConfigError, match="got 'rotary'"):
+  model = Transformer(tiny_model_config(positional="fourier"))
+  with pytest.raises(ConfigError, match="got 'fourier'"):
     init_params(model)
-  with pytest.raises(ConfigError, match="got 'rotary'"):
+  with pytest.raises(ConfigError, match="got 'fourier'"):
     translator.decode_length([model], 5, translator.SearchSettings())
 
 
-def test_every_file_in_the_folder_is_a_registered_kind():
-  assert set(positions.kinds()) >= {"sinusoidal", "learned"}
+def test_a_key_two_kinds_declare_is_refused(monkeypatch):
+  monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))
+  clash = type("Clash", (positions.PositionalEncoding,), {"kind": "clash",
+                                                          "keys": registry.get("relative").keys})
+  with pytest.raises(ValueError, match="config key model.relative_clip of 'clash' is 'relative'"):
+    registry.register(clash)

@@ -223,10 +223,10 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
   for key in ("decode.max_extra_len", "decode.min_len", "model.decoder_layers", "model.d_k",
               "model.d_v", "train.cooldown_steps", "data.loader_workers", "train.loss_chunks"):
     _positive(cfg, key, allow_zero=True)
-  positions.check_config(cfg)  # an unknown kind, its keys, another kind's keys, its length limit
   _choice(cfg, "model.norm", NORM_KINDS)
   _choice(cfg, "model.dtype", DTYPES)
   _choice(cfg, "model.matmul_dtype", MATMUL_DTYPES)
+  positions.check_config(cfg)  # an unknown kind, its keys, another kind's keys, its length limit
   sources.source_of(cfg.data).check(cfg.data)  # an unknown source is an error here
   _choice(cfg, "train.dropout_rng", RNG_IMPLS)
   _choice(cfg, "data.vocab_model_type", VOCAB_MODEL_TYPES)

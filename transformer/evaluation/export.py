@@ -87,11 +87,6 @@ def _feed_forward(spec, params: dict[str, Any], norm: dict[str, np.ndarray]) -> 
   _linear(spec.linear_1, params["wo"])
 
 
-def position_table(config: ModelConfig, stack: dict[str, Any], rows: int) -> np.ndarray:
-  """[rows, D] what the model adds at positions 0 .. rows-1: its sinusoids or its learned table."""
-  return positions.get(config.positional).table(config, stack, rows)
-
-
 def ctranslate2_spec(config: ModelConfig, params: Any, pieces: list[str], max_positions: int,
                      quantization: str = "none"):
   """The CTranslate2 TransformerSpec of a model with `params` and vocabulary `pieces`, checked and
@@ -107,10 +102,12 @@ def ctranslate2_spec(config: ModelConfig, params: Any, pieces: list[str], max_po
   params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
   pre_norm = config.norm == "pre"
   head_dim = config.key_dim if config.key_dim * config.num_heads != config.d_model else None
+  kind = positions.get(config.positional)
+  encoder_options, decoder_options = kind.export_options(config)
   encoder = spec_lib.TransformerEncoderSpec(config.num_layers, config.num_heads, pre_norm=pre_norm,
-                                            head_dim=head_dim)
+                                            head_dim=head_dim, **encoder_options)
   decoder = spec_lib.TransformerDecoderSpec(config.num_decoder_layers, config.num_heads,
-                                            pre_norm=pre_norm, head_dim=head_dim)
+                                            pre_norm=pre_norm, head_dim=head_dim, **decoder_options)
   if config.share_embeddings:
     source_embed = target_embed = output_embed = params["embed"]["embedding"]
   else:
@@ -122,7 +119,6 @@ def ctranslate2_spec(config: ModelConfig, params: Any, pieces: list[str], max_po
     stack = params[name]
     embeddings = stack_spec.embeddings[0] if name == "encoder" else stack_spec.embeddings
     embeddings.weight = embedding
-    stack_spec.position_encodings.encodings = position_table(config, stack, max_positions)
     if pre_norm:
       _norm(stack_spec.layer_norm, stack["final_norm"])
     for i, layer_spec in enumerate(stack_spec.layer):
@@ -134,6 +130,7 @@ def ctranslate2_spec(config: ModelConfig, params: Any, pieces: list[str], max_po
                    self_attention=False)
       _feed_forward(layer_spec.ffn, layer["ffn"], layer["ffn_norm"])
   decoder.projection.weight = output_embed
+  kind.export(config, params, encoder, decoder, max_positions)
   spec = spec_lib.TransformerSpec(encoder, decoder)
   spec.config.layer_norm_epsilon = 1e-6
   spec.config.add_source_eos = True

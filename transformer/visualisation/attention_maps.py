@@ -140,27 +140,33 @@ def head_figure(maps: AttentionMaps, kind: str, layer: int, head: int) -> plt.Fi
   return fig
 
 
-def positional_tables(params: Any, config: ModelConfig, positions: int) -> dict[str, np.ndarray]:
-  """{name: [positions, d_model]}: one table for both stacks where the kind has no parameters (the
-  sinusoids), else each stack's own."""
-  kind = positional.get(config.positional)
-  if not kind.param_count(config):
-    return {f"{config.positional} (encoder and decoder)": kind.table(config, {}, positions)}
-  return {f"{config.positional} ({stack})": kind.table(config, params[stack], positions)
-          for stack in ("encoder", "decoder")}
+def positional_tables(params: Any, config: ModelConfig, positions: int
+                      ) -> dict[str, positional.Drawing]:
+  """{name: what to draw}: what the kind declares (positions/base.py `drawings`): an added table
+  (position x dimension), a per-head bias by offset, rotation angles, learned relative embeddings."""
+  return positional.get(config.positional).drawings(config, params, positions)
 
 
-def positional_figure(tables: dict[str, np.ndarray]) -> plt.Figure:
-  """Per table: the encoding itself (position x dimension) and the cosine similarity of every pair
-  of positions, where neighbours should look alike and far positions less so."""
+def positional_figure(tables: dict[str, positional.Drawing]) -> plt.Figure:
+  """Per drawing: the array itself, and where it is a table of positions, the cosine similarity of
+  every pair of positions, where neighbours should look alike and far positions less so."""
+  if not tables:  # a kind without position information ('none')
+    fig, ax = plt.subplots(figsize=(6, 2), layout="constrained")
+    ax.text(0.5, 0.5, "no position information", ha="center", va="center")
+    ax.axis("off")
+    return fig
   fig, axes = plt.subplots(len(tables), 2, figsize=(12, 5 * len(tables)), squeeze=False,
                            layout="constrained")
-  for row, (name, table) in enumerate(tables.items()):
-    limit = float(np.abs(table).max()) or 1.0
+  for row, (name, drawing) in enumerate(tables.items()):
+    table = drawing.values
+    limit = float(np.nanmax(np.abs(table))) or 1.0
     image = axes[row, 0].imshow(table, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto",
                                 interpolation="nearest")
-    axes[row, 0].set(xlabel="dimension", ylabel="position", title=f"{name}: encoding")
+    axes[row, 0].set(xlabel=drawing.columns, ylabel=drawing.rows, title=name)
     fig.colorbar(image, ax=axes[row, 0], shrink=0.8)
+    if not drawing.similarity:
+      axes[row, 1].axis("off")
+      continue
     unit = table / np.maximum(np.linalg.norm(table, axis=1, keepdims=True), 1e-9)
     image = axes[row, 1].imshow(unit @ unit.T, cmap="RdBu_r", vmin=-1.0, vmax=1.0,
                                 interpolation="nearest")
@@ -170,7 +176,7 @@ def positional_figure(tables: dict[str, np.ndarray]) -> plt.Figure:
   return fig
 
 
-def write_figures(maps: AttentionMaps, tables: dict[str, np.ndarray], output_dir: Path
+def write_figures(maps: AttentionMaps, tables: dict[str, positional.Drawing], output_dir: Path
                   ) -> list[Path]:
   """All the PNGs and attention.npz; returns the paths written."""
   heads_dir = output_dir / "heads"

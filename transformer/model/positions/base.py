@@ -182,8 +182,8 @@ def check_config(cfg: ml_collections.ConfigDict) -> None:
   """The run's kind exists, its keys are valid, no other kind's key is set, and its length limit
   reaches data.max_len: each a ConfigError naming the key."""
   kind = get(cfg.model.positional)
-  for key in kind.keys:
-    value = cfg.model[key.name]
+  for key in all_keys():
+    value = cfg.model.get(key.name, key.default)
     if not key.valid(value):
       raise ConfigError(f"config.model.{key.name} must be {key.need}, got {value!r}")
   for other, cls in _KINDS.items():
