@@ -304,3 +304,22 @@ def test_forced_log_probs_are_log_softmax_at_the_targets(setup):
       expected = next_log_probs(model, params, src[row], [prefix])[0, token]
       np.testing.assert_allclose(got[row, t], expected, rtol=1e-5, atol=1e-5)
       prefix += (int(token),)
+
+
+def test_a_search_names_itself_and_its_options_in_reports():
+  """describe() (what names a search's reports and their files) comes from the search's own name
+  and options: a Greedy subclass that writes no describe() of its own does not pass for greedy."""
+  import dataclasses
+
+  from transformer.decoding.options import Option
+
+  @dataclasses.dataclass(frozen=True)
+  class Widest(decoding.Greedy):
+    name = "toy_widest"
+    OPTIONS = (Option("toy_width", 2, "A toy option."),)
+    toy_width: int = 2
+
+  assert Widest(toy_width=3).describe() == {"search": "toy_widest", "toy_width": 3, "beam_size": 1}
+  assert decoding.Greedy().describe() == {"search": "greedy", "beam_size": 1}
+  assert decoding.BeamSearch(5, 1.0, 2).describe() == {"search": "beam", "beam_size": 5,
+                                                       "alpha": 1.0, "nbest": 2}

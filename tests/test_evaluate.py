@@ -307,7 +307,7 @@ def test_the_programs_write_nbest_lists_scores_samples_and_ensemble_reports(trai
   name = str(workdir / "eval" / "validation_step6_sample_t1_k0_p0.9_seed5_ema")
   sampled = json.loads(Path(name + ".json").read_text())
   assert sampled["decode"] == {"search": "sample", "temperature": 1.0, "top_k": 0, "top_p": 0.9,
-                               "seed": 5, "max_extra_len": cfg.decode.max_extra_len}
+                               "seed": 5, "beam_size": 1, "max_extra_len": cfg.decode.max_extra_len}
   expected = translate(model, params, vocab, sources.load_split(cfg.data, cfg.data.eval_split).source,
                        SearchSettings(search="sample", top_p=0.9, seed=5,
                                       max_extra_len=cfg.decode.max_extra_len),

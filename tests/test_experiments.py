@@ -21,6 +21,7 @@ from transformer.config import ConfigError, base_config
 from transformer.data import sources
 from transformer.evaluation import bleu as bleu_lib
 from transformer.metrics import MetricWriter, read_metrics
+from transformer.model import positions
 from transformer.sweeps import records, results, significance, test_sets
 from transformer.sweeps.grids import Grid, Variant, load_grid
 from transformer.sweeps.run import base_arguments, plan, selected, variant_config
@@ -122,9 +123,9 @@ def test_commands_carry_the_base_overrides_variant_and_seed(tmp_path):
   assert args == ["--config=configs/multi30k.py", "--config.train.steps=600"]
   files = {"long": {"source_file": "x/long.en", "reference_file": "x/long.de"}}
   runs = plan(load_grid("positional"), base_config(), args, [0, 1], tmp_path, files)
-  assert [(r.variant.name, r.seed) for r in runs] == [("sinusoidal", 0), ("learned", 0),
-                                                      ("sinusoidal", 1), ("learned", 1)]
-  learned = runs[3]
+  kinds = positions.kinds()  # the grid: every registered kind, the paper's first
+  assert [(r.variant.name, r.seed) for r in runs] == [(k, s) for s in (0, 1) for k in kinds]
+  learned = runs[len(kinds) + 1]
   assert learned.train == ["transformer-train", *args, "--config.model.positional=learned",
                            "--config.seed=1", f"--workdir={tmp_path}/learned/seed1"]
   eval_dir = tmp_path / "learned/seed1/eval"
@@ -138,6 +139,7 @@ def test_commands_carry_the_base_overrides_variant_and_seed(tmp_path):
   assert learned.evals["long"].ema_report == eval_dir / "long_step100000_ema.json"
   # A minimum output length: every evaluation passes it and writes reports of its own name.
   shortest = plan(load_grid("positional"), base_config(), args, [1], tmp_path, files, min_len=1)[1]
+  assert shortest.variant.name == "learned"
   assert shortest.train == learned.train
   assert shortest.evals["dev"] == (eval_dir / "validation_step100000_min1.json",
                                    eval_dir / "validation_step100000_min1_ema.json",
@@ -354,15 +356,19 @@ def test_a_records_kept_runs_are_committed_while_workdirs_are_ignored():
 def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   config = write_short_sentence_config(tmp_path)
   root = tmp_path / "exp"
-  common = ["positional", f"--base={config}", "--seeds=1", f"--root={root}"]
+  grid = tmp_path / "positional_pair.py"  # the positional grid's machinery, on two of its kinds
+  grid.write_text("from transformer.sweeps.grids import Grid, Variant\n"
+                  "def get_grid():\n"
+                  "  return Grid('positional', [Variant('sinusoidal', {'model.positional': "
+                  "'sinusoidal'}), Variant('learned', {'model.positional': 'learned'}, '(E)')], "
+                  "test_sets=('long',), by_length=True)\n")
+  common = [str(grid), f"--base={config}", "--seeds=1", f"--root={root}"]
 
   printed = run_experiment(*common, "--print_commands")
   assert printed.returncode == 0, printed.stderr
   lines = printed.stdout.strip().splitlines()
   assert len(lines) == 2 and "--config.model.positional=learned" in lines[1]
-  long_info = json.loads((root / "test_sets/long.json").read_text())
-  assert long_info["sentences"] > 0
-  assert long_info["source_tokens_min"] > long_info["longest_training_source_tokens"]
+  assert not (root / "test_sets").exists()  # printing the commands builds nothing
 
   # Interrupt 'learned' half-way: its own training command, stopped at step 3 of 6.
   first = lines[1].split(" && ")[0].split()
@@ -376,6 +382,9 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   assert "learned seed 0: resuming from step 3 to step 6" in done.stderr
   assert "sinusoidal seed 0: training to step 6" in done.stderr
   assert "Resumed from the checkpoint at step 3" in (root / "learned/seed0/train.log").read_text()
+  long_info = json.loads((root / "test_sets/long.json").read_text())
+  assert long_info["sentences"] > 0
+  assert long_info["source_tokens_min"] > long_info["longest_training_source_tokens"]
   rows = check_results(root, long_info)
   # The paired bootstrap of learned against sinusoidal on each set, from their translations.
   runs = {r["variant"]: root / r["workdir"] for r in rows}
@@ -392,7 +401,8 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   assert "| BLEU (long) |" in table and "| learned |" in table and "2 of 2 runs finished" in table
   assert ("| Δ vs sinusoidal (dev) | p vs sinusoidal (dev) | Δ vs sinusoidal (long) "
           "| p vs sinusoidal (long) |") in table
-  for name in ("curves.png", "bleu.png"):
+  assert "## BLEU by source length" in table and "| variant | 1-9 words (" in table
+  for name in ("curves.png", "bleu.png", "length.png"):
     assert matplotlib.image.imread(root / name).ndim == 3
   assert (root / "commands.sh").read_text().splitlines()[1:] == lines  # what --print_commands said
 
@@ -403,9 +413,9 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   assert again.stderr.count("skipping training") == 2
   assert [p.stat().st_mtime_ns for p in reports] == stamps  # nothing evaluated twice
   recorded = sorted(p.name for p in (tmp_path / "record").iterdir())
-  assert recorded == ["README.md", "bleu.png", "commands.sh", "curves.png", "long.json", "results.csv",
-                      "results.md", "runs"]
-  assert "- command: `transformer-experiment positional" in (tmp_path / "record/README.md").read_text()
+  assert recorded == ["README.md", "bleu.png", "commands.sh", "curves.png", "length.png", "long.json",
+                      "results.csv", "results.md", "runs"]
+  assert f"- command: `transformer-experiment {grid}" in (tmp_path / "record/README.md").read_text()
   assert (tmp_path / "record/results.md").read_text() == table
 
   # The same checkpoints with a minimum output length: evaluated again under their own report

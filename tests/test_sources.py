@@ -12,18 +12,22 @@ from transformer.config import validate
 from transformer.data import sources
 from transformer.data.pipeline import training_inputs
 from transformer.errors import ConfigError
+from transformer.keys import Key
+from transformer.training import checkpoints
 
 
 class TabSeparated(sources.Source):
-  """Pairs as 'source<TAB>target' lines of data.train_src (training) or data.eval_src."""
+  """Pairs as 'source<TAB>target' lines of its own keys data.tsv_train (training) or data.tsv_eval."""
   name = "toy_tsv"
+  keys = (Key("tsv_train", "", "for source='toy_tsv': the training pairs", fixed=True),
+          Key("tsv_eval", "", "for source='toy_tsv': the evaluation pairs"))
 
   def check(self, data):
-    if not data.train_src.endswith(".tsv"):
-      raise ConfigError("config.data.train_src must be a .tsv file for config.data.source='toy_tsv'")
+    if not data.tsv_train.endswith(".tsv"):
+      raise ConfigError("config.data.tsv_train must be a .tsv file for config.data.source='toy_tsv'")
 
   def _lines(self, data, split):
-    path = data.train_src if split == data.train_split else data.eval_src
+    path = data.tsv_train if split == data.train_split else data.tsv_eval
     return [line.split("\t") for line in Path(path).read_text().splitlines()]
 
   def open(self, data, split):
@@ -32,7 +36,7 @@ class TabSeparated(sources.Source):
     return _Pairs(source, target, f"toy {split}")
 
   def identity(self, data, split):
-    path = data.train_src if split == data.train_split else data.eval_src
+    path = data.tsv_train if split == data.train_split else data.tsv_eval
     return f"toy.{split}", f"toy {path} {Path(path).stat().st_mtime_ns} {split}"
 
   def vocabulary_key(self, data):
@@ -59,7 +63,7 @@ def toy_config(tmp_path, monkeypatch):
     de = (tmp_path / f"{split}.de").read_text().splitlines()
     (tmp_path / f"{split}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in zip(en, de)))
   cfg.data.source = TabSeparated.name
-  cfg.data.train_src, cfg.data.eval_src = str(tmp_path / "train.tsv"), str(tmp_path / "val.tsv")
+  cfg.data.tsv_train, cfg.data.tsv_eval = str(tmp_path / "train.tsv"), str(tmp_path / "val.tsv")
   return cfg
 
 
@@ -69,7 +73,7 @@ def test_a_registered_kind_trains_through_the_pipeline(toy_config, tmp_path):
   vocab, loader, eval_batches = training_inputs(toy_config, tmp_path / "run", num_devices=1)
   assert vocab.get_piece_size() == 300
   batch, _ = next(loader.batches())
-  sources_text = {line.split("\t")[0] for line in Path(toy_config.data.train_src).read_text().splitlines()}
+  sources_text = {line.split("\t")[0] for line in Path(toy_config.data.tsv_train).read_text().splitlines()}
   row = [int(i) for i in batch["src"][0] if i > 1]  # without padding and EOS
   assert vocab.decode(row) in sources_text  # the toy source's own sentences
   assert eval_batches
@@ -79,10 +83,24 @@ def test_a_registered_kind_trains_through_the_pipeline(toy_config, tmp_path):
 
 
 def test_the_kind_checks_its_config_and_an_unknown_kind_is_an_error(toy_config):
-  toy_config.data.train_src = "train.txt"
+  toy_config.data.tsv_train = "train.txt"
   with pytest.raises(ConfigError, match="must be a .tsv file"):
     validate(toy_config)
   toy_config.data.source = "parquet"
-  with pytest.raises(ConfigError, match="config.data.source must be one of 'multi30k', 'files', "
-                                        "'tfds', 'toy_tsv'; got 'parquet'"):
+  known = ", ".join(map(repr, sources.SOURCES))
+  assert known.endswith("'toy_tsv'")
+  with pytest.raises(ConfigError, match=f"config.data.source must be one of {known}; got 'parquet'"):
     validate(toy_config)
+
+
+def test_a_resume_keeps_the_kinds_fixed_keys_and_may_change_the_others(toy_config, tmp_path):
+  """The run config holds the kind's own keys; the one it marks `fixed` (the training pairs) cannot
+  change when a run resumes, the other (evaluation pairs) can."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  checkpoints.write_run_config(workdir, toy_config)
+  toy_config.data.tsv_eval = str(tmp_path / "other.tsv")
+  assert checkpoints.check_run_config(workdir, toy_config) == []
+  toy_config.data.tsv_train = str(tmp_path / "other.tsv")
+  with pytest.raises(ConfigError, match="data.tsv_train: .*train.tsv' -> .*other.tsv'"):
+    checkpoints.check_run_config(workdir, toy_config)

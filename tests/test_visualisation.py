@@ -116,10 +116,10 @@ def test_head_figure_labels_every_token(maps):
 def test_positional_figures_show_the_table_and_its_similarity(maps):
   model, params, _ = maps
   tables = attention_maps.positional_tables(params, model.config, positions=10)
-  np.testing.assert_allclose(tables["sinusoidal (encoder and decoder)"][3, :2],
+  np.testing.assert_allclose(tables["sinusoidal (encoder and decoder)"].values[3, :2],
                              [np.sin(3.0), np.cos(3.0)], rtol=1e-6)
   fig = attention_maps.positional_figure(tables)
-  assert [(ax.get_xlabel(), ax.get_ylabel()) for ax in panels(fig)] == [
+  assert [(ax.get_xlabel(), ax.get_ylabel()) for ax in panels(fig) if ax.axison] == [
       ("dimension", "position"), ("position", "position")]
   similarity = panels(fig)[1].images[0].get_array()
   np.testing.assert_allclose(np.diag(similarity), 1.0, rtol=1e-6)
@@ -127,8 +127,24 @@ def test_positional_figures_show_the_table_and_its_similarity(maps):
   learned = Transformer(tiny_model_config(positional="learned"))
   tables = attention_maps.positional_tables(init_params(learned), learned.config, positions=10)
   assert list(tables) == ["learned (encoder)", "learned (decoder)"]
-  assert tables["learned (encoder)"].shape == (10, 16)
+  assert tables["learned (encoder)"].values.shape == (10, 16)
   assert len(panels(attention_maps.positional_figure(tables))) == 4
+
+
+@pytest.mark.parametrize("kind", ["t5", "rotary", "none"])
+def test_the_positional_figure_draws_what_a_kind_declares(kind):
+  """A bias by offset per head (T5), rotation angles (rotary), or a panel saying there is nothing."""
+  model = Transformer(tiny_model_config(positional=kind))
+  tables = attention_maps.positional_tables(init_params(model), model.config, positions=6)
+  fig = attention_maps.positional_figure(tables)
+  drawn = [ax for ax in panels(fig) if ax.axison]
+  if kind == "none":
+    assert tables == {} and drawn == []
+    return
+  assert drawn and all(ax.images for ax in drawn)
+  if kind == "t5":
+    assert [ax.get_ylabel() for ax in drawn] == ["head", "head"]
+    assert drawn[0].images[0].get_array().shape == (4, 11)  # heads x offsets -5 .. 5
 
 
 def test_all_figures_are_written(maps, tmp_path):

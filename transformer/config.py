@@ -52,8 +52,8 @@ def _model_keys() -> ml_collections.ConfigDict:
   model.d_v = 0                     # per-head value width; 0 = d_model / num_heads.
   model.dropout = 0.1               # residual and embedding dropout (P_drop).
   model.attention_dropout = 0.0     # the paper uses none.
-  model.positional = "sinusoidal"   # or 'learned' (Table 3 row E), 'relative', 't5', 'rotary',
-                                    # 'alibi', 'none' (model/positions/, one file each).
+  model.positional = "sinusoidal"   # or another of model/positions/ (one file per kind; 'learned'
+                                    # is Table 3 row E); docs/experiments.md compares them all.
   model.norm = "post"               # 'post' = LayerNorm(x + Sublayer(x)) as in the paper; or 'pre'.
   model.share_embeddings = True     # source, target and pre-softmax matrices are one.
   model.max_len = 256               # table size of learned positions; longest sequence trained.
@@ -83,13 +83,8 @@ def _data_keys() -> ml_collections.ConfigDict:
   data.source = "multi30k"          # 'multi30k' (bundled) | 'files' | 'tfds'.
   data.src_lang = "en"
   data.tgt_lang = "de"
-  data.train_src = ""               # for source='files': parallel text, one sentence per line.
-  data.train_tgt = ""
-  data.eval_src = ""
-  data.eval_tgt = ""
-  data.tfds_name = ""               # for source='tfds', e.g. 'wmt14_translate/de-en'.
-  data.eval_tfds_name = ""          # evaluate on another TFDS dataset ('' = tfds_name).
-  data.tfds_data_dir = ""           # '' = $TFDS_DATA_DIR or ~/tensorflow_datasets.
+  for key in sources.all_keys():    # each kind's own (train_src, tfds_name, ...), declared and
+    data[key.name] = key.default    # documented in data/sources.py
   data.train_split = "train"
   data.eval_split = "validation"
   data.vocab_size = 37000           # shared SentencePiece vocabulary.

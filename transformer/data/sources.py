@@ -24,6 +24,7 @@ import numpy as np
 from etils import epath
 
 from transformer.errors import ConfigError, UserError
+from transformer.keys import Key
 
 BUNDLED_DIR = Path(__file__).parent / "multi30k"
 MULTI30K_SPLITS = {"train": "train", "validation": "val", "val": "val"}
@@ -243,10 +244,12 @@ def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> P
 # ------------------------------------------------------------------------- the kinds of source
 
 class Source:
-  """A kind of corpus `config.data.source` names. Everything that depends on the kind asks it: the
+  """A kind of corpus `config.data.source` names. Everything that depends on the kind asks it: its
+  own config keys (`keys`: data.<name>, with defaults; `fixed` ones a resumed run must keep), the
   config's checks, random access to a split, the names of the vocabulary's and token caches'
   entries, and what `prepare` downloads. A new kind is a subclass here and its line in SOURCES."""
   name: ClassVar[str]
+  keys: ClassVar[tuple[Key, ...]] = ()
 
   def check(self, data: ml_collections.ConfigDict) -> None:
     """Raises ConfigError where the config's data section cannot work with this kind."""
@@ -326,6 +329,11 @@ class Multi30kSource(TextSource):
 class FilesSource(TextSource):
   """The user's own files: data.train_src/train_tgt and data.eval_src/eval_tgt."""
   name = "files"
+  keys = (Key("train_src", "", "for source='files': parallel text, one sentence per line",
+              fixed=True),
+          Key("train_tgt", "", "", fixed=True),
+          Key("eval_src", "", ""),
+          Key("eval_tgt", "", ""))
 
   def check(self, data):
     for key in ("train_src", "train_tgt", "eval_src", "eval_tgt"):
@@ -354,6 +362,9 @@ class FilesSource(TextSource):
 class TfdsSource(Source):
   """A TFDS dataset prepared as array_record, read through `tfds.data_source` (no TensorFlow)."""
   name = "tfds"
+  keys = (Key("tfds_name", "", "for source='tfds', e.g. 'wmt14_translate/de-en'", fixed=True),
+          Key("eval_tfds_name", "", "evaluate on another TFDS dataset ('' = tfds_name)"),
+          Key("tfds_data_dir", "", "'' = $TFDS_DATA_DIR or ~/tensorflow_datasets"))
 
   def check(self, data):
     if not data.tfds_name:
@@ -384,6 +395,11 @@ class TfdsSource(Source):
 
 
 SOURCES: dict[str, Source] = {s.name: s for s in (Multi30kSource(), FilesSource(), TfdsSource())}
+
+
+def all_keys() -> tuple[Key, ...]:
+  """Every kind's own data keys, in SOURCES' order (config.base_config adds them all)."""
+  return tuple(key for source in SOURCES.values() for key in source.keys)
 
 
 def source_of(data: ml_collections.ConfigDict) -> Source:

@@ -89,8 +89,9 @@ class Search(abc.ABC):
     return result
 
   def describe(self) -> dict[str, Any]:
-    """The settings that identify this search in reports and metrics."""
-    return {"search": self.name}
+    """The settings that identify this search in reports, metrics and report file names
+    (translator.SearchSettings.tag): its name and the values of its own options."""
+    return {"search": self.name, **{option.name: getattr(self, option.name) for option in self.OPTIONS}}
 
 
 def allowed(log_probs: jax.Array, at_limit: jax.Array, too_short: jax.Array) -> jax.Array:

@@ -71,7 +71,7 @@ class BeamSearch(Search):
     return cls(settings.beam_size, settings.alpha, settings.candidates)
 
   def describe(self) -> dict[str, Any]:
-    return {"search": "beam", "beam_size": self.beam_size, "alpha": self.alpha, "nbest": self.nbest}
+    return {**super().describe(), "nbest": self.nbest}
 
   def fresh(self, slots: int, decode_len: int) -> BeamState:
     # All K hypotheses start identical, so only the first starts alive.

@@ -33,7 +33,7 @@ class Greedy(Search):
     return cls()
 
   def describe(self) -> dict[str, Any]:
-    return {"search": "greedy", "beam_size": 1}
+    return {**super().describe(), "beam_size": 1}
 
   def choose(self, step: Step, log_probs: jax.Array) -> jax.Array:
     """The next token [R] from `log_probs` [R, V]: the first maximum, as argmax picks it (base.top_k

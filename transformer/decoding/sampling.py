@@ -43,10 +43,6 @@ class Sampling(Greedy):
     return cls(keys=keys, temperature=settings.temperature, top_k=settings.top_k,
                top_p=settings.top_p, seed=settings.seed)
 
-  def describe(self) -> dict[str, Any]:
-    return {"search": "sample", "temperature": self.temperature, "top_k": self.top_k,
-            "top_p": self.top_p, "seed": self.seed}
-
   def choose(self, step: Step, log_probs: jax.Array) -> jax.Array:
     logits = log_probs / self.temperature
     if self.top_k:

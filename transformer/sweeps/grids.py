@@ -38,11 +38,13 @@ class Grid:
   """Variants compared against the first one, and extra test sets every run is evaluated on.
 
   `test_sets` name builders in transformer/sweeps/test_sets.py (e.g. 'long': sentences longer than any in
-  training); the dev split of the base config is always evaluated.
+  training); the dev split of the base config is always evaluated. `by_length`: also tabulate and
+  draw the dev set's BLEU by source length (transformer/sweeps/by_length.py).
   """
   name: str
   variants: Sequence[Variant]
   test_sets: Sequence[str] = ()
+  by_length: bool = False
 
   def __post_init__(self):
     names = [v.name for v in self.variants]
@@ -77,10 +79,12 @@ def table3() -> Grid:
 
 
 def positional() -> Grid:
-  """Sinusoidal against learned positions (Table 3 row E), also scored on over-long sentences."""
-  return Grid("positional", [Variant("sinusoidal", {"model.positional": "sinusoidal"}),
-                             Variant("learned", {"model.positional": "learned"}, "(E)")],
-              test_sets=("long",))
+  """Every registered positional encoding against the paper's sinusoids (learned: Table 3 row E),
+  each at its own defaults, also scored on over-long sentences and by source length."""
+  from transformer.model import positions  # noqa: PLC0415  (the model is slow to import)
+  variants = [Variant(kind, {"model.positional": kind}, "(E)" if kind == "learned" else "")
+              for kind in positions.kinds()]
+  return Grid("positional", variants, test_sets=("long",), by_length=True)
 
 
 BUILT_IN = {"table3": table3, "positional": positional}

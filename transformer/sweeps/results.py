@@ -29,7 +29,7 @@ from transformer.metrics import (
 )
 from transformer.model.size import analytic_param_count
 from transformer.model.transformer import ModelConfig
-from transformer.sweeps import significance
+from transformer.sweeps import by_length, significance
 from transformer.sweeps.grids import Grid
 from transformer.training import checkpoints
 from transformer.visualisation import plot
@@ -273,13 +273,15 @@ def markdown_table(rows: list[dict[str, Any]], grid: Grid) -> str:
   return "\n".join(lines)
 
 
-def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0) -> list[Path]:
+def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0,
+          dev_sources: Sequence[str] | None = None) -> list[Path]:
   """results.csv, results.md, curves.png and bleu.png in `root`, for the evaluations with at least
-  `min_len` tokens per translation (transformer-eval --min_len). Workdirs in results.csv are
+  `min_len` tokens per translation (transformer-eval --min_len); with `dev_sources` (a grid
+  `by_length`) also BLEU by source length in results.md and length.png. Workdirs in results.csv are
   relative to `root`, so the file means the same wherever it is copied with its runs' folder."""
   root.mkdir(parents=True, exist_ok=True)
   csv_path = root / "results.csv"
-  fields = list(rows[0])
+  fields = list(dict.fromkeys(key for row in rows for key in row))
   with csv_path.open("w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
@@ -319,6 +321,12 @@ def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0) 
     md[-1:-1] = ["Compared with a base trained on another machine (float32 training differs "
                  "between machines; their Δ and p include that difference): "
                  + "; ".join(elsewhere) + ".", ""]
+  if dev_sources is not None:
+    md += ["## BLEU by source length", "",
+           by_length.markdown(rows, grid, dev_sources, format_mean_std), "",
+           "sacreBLEU of the dev sentences whose source has that many words (their number in "
+           "brackets), the moving average's translations where the run keeps one; 'long set': the "
+           "long test set's BLEU. Figure: length.png.", ""]
   (root / "results.md").write_text("\n".join(md))
 
   workdirs = {v.name: [r["workdir"] for r in rows if r["variant"] == v.name
@@ -337,5 +345,7 @@ def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0) 
                           for label, key in bars.items()}
   plot.bars_with_error(bleu, root / "bleu.png", ylabel="sacreBLEU",
                        title=f"{grid.name}: BLEU (mean ± std over seeds)")
-  return [p for p in (csv_path, root / "results.md", root / "curves.png", root / "bleu.png")
-          if p.exists()]
+  if dev_sources is not None:
+    by_length.figure(rows, grid, root / "length.png")
+  return [p for p in (csv_path, root / "results.md", root / "curves.png", root / "bleu.png",
+                      root / "length.png") if p.exists()]

@@ -44,6 +44,7 @@ from ml_collections import config_flags
 from transformer.cli import run_program
 from transformer.config import ConfigError, validate
 from transformer.data import sources
+from transformer.sweeps import by_length
 from transformer.evaluation import evaluate
 from transformer.metrics import METRICS_FILE, format_duration
 from transformer.sweeps import records, results, test_sets
@@ -288,15 +289,17 @@ def main(argv: list[str]) -> None:
   base = validate(FLAGS.base)
   for variant in grid.variants:  # every variant checked before anything runs
     variant_config(base, variant, seeds[0])
+  if FLAGS.print_commands:  # names the test sets' files without building them (nor needing data)
+    files = {name: test_sets.planned(name, base, root / "test_sets") for name in grid.test_sets}
+    runs = plan(grid, base, base_arguments(sys.argv), seeds, root, files, FLAGS.min_len)
+    print("\n".join(command_lines(selected(runs, grid, FLAGS.only))))
+    return
   files = {name: test_sets.build(name, base, seeds[0], root / "test_sets")
            for name in grid.test_sets}
   runs = plan(grid, base, base_arguments(sys.argv), seeds, root, files, FLAGS.min_len)
   to_run = selected(runs, grid, FLAGS.only)
   pairs = results.read_pairs(Path(FLAGS.pairs), runs) if FLAGS.pairs else None
   tables = root if FLAGS.min_len is None else root / f"min_len{FLAGS.min_len}"
-  if FLAGS.print_commands:
-    print("\n".join(command_lines(to_run)))
-    return
   log.info("Experiment %s: %d variants x %d seeds = %d runs in %s", grid.name, len(grid.variants),
            len(seeds), len(runs), root)
   if FLAGS.only:
@@ -314,8 +317,13 @@ def main(argv: list[str]) -> None:
   references = {"dev": sources.load_split(base.data, base.data.eval_split).target}
   references.update({name: sources.read_lines(f["reference_file"]) for name, f in files.items()})
   results.add_significance(table, runs, references, pairs)
+  dev_sources = None
+  if grid.by_length:
+    dev_sources = sources.load_split(base.data, base.data.eval_split).source
+    by_length.add_buckets(table, runs, dev_sources, references["dev"], results.translations)
   written = results.write(table, grid, tables,
-                          base.decode.min_len if FLAGS.min_len is None else FLAGS.min_len)
+                          base.decode.min_len if FLAGS.min_len is None else FLAGS.min_len,
+                          dev_sources)
   commands = tables / "commands.sh"
   commands.write_text(f"# {grid.name}: every run's commands (train && evaluate), one line each\n"
                       + "\n".join(command_lines(runs)) + "\n")

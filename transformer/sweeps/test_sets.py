@@ -112,6 +112,16 @@ def long_sentences(cfg: ml_collections.ConfigDict, vocab: spm.SentencePieceProce
 BUILDERS: dict[str, Callable[..., dict[str, Any]]] = {"long": long_sentences}
 
 
+def planned(name: str, cfg: ml_collections.ConfigDict, out_dir: Path) -> dict[str, Any]:
+  """Where `build` writes the test set `name` (its source and reference files), without building
+  it: what the commands of `transformer-experiment --print_commands` name, on a machine that may
+  not have the data."""
+  if name not in BUILDERS:
+    raise ConfigError(f"unknown test set {name!r}; known: {', '.join(BUILDERS)}")
+  return {"name": name, "source_file": str(out_dir / f"{name}.{cfg.data.src_lang}"),
+          "reference_file": str(out_dir / f"{name}.{cfg.data.tgt_lang}")}
+
+
 def build(name: str, cfg: ml_collections.ConfigDict, seed: int, out_dir: Path) -> dict[str, Any]:
   """The test set `name` for runs of `cfg`, built once: read from out_dir/<name>.json if there.
 

@@ -32,6 +32,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from transformer.config import ConfigError, base_config
+from transformer.data import sources
 from transformer.errors import UserError
 from transformer.files import write_atomically
 
@@ -43,9 +44,12 @@ BROKEN_DIR = "broken_checkpoints"
 # Errors that mean "this checkpoint is of another model", not "this checkpoint is damaged".
 # What decides the model's shapes, its vocabulary and its training data: a resumed run must not
 # change these (batch size, schedule, steps, evaluation settings may change).
-FIXED_KEYS = {"model": None,  # every key
-              "data": ("source", "src_lang", "tgt_lang", "train_src", "train_tgt", "tfds_name",
-                       "train_split", "vocab_size", "vocab_model_type", "vocab_normalization")}
+def fixed_keys() -> dict[str, tuple[str, ...] | None]:
+  """The keys a resumed run must keep, by section (None: every key): the whole model, and what
+  decides the training data and its vocabulary (each source's own `fixed` keys among them)."""
+  data = ("source", "src_lang", "tgt_lang", *(k.name for k in sources.all_keys() if k.fixed),
+          "train_split", "vocab_size", "vocab_model_type", "vocab_normalization")
+  return {"model": None, "data": data}
 
 
 RETIRED_KEYS = {"data": ("shuffle_window",)}  # keys older runs stored that no longer mean anything
@@ -65,7 +69,7 @@ def check_run_config(workdir: str | os.PathLike, cfg: ml_collections.ConfigDict,
   old = _with_defaults(json.loads(path.read_text()))
   new = json.loads(cfg.to_json_best_effort())
   changed = [f"{section}.{key}: {old.get(section, {}).get(key)!r} -> {new[section].get(key)!r}"
-             for section, fixed in FIXED_KEYS.items()
+             for section, fixed in fixed_keys().items()
              for key in sorted(set(old.get(section, {})) | set(new[section]))
              if (fixed is None or key in fixed)
              and old.get(section, {}).get(key) != new[section].get(key)]

@@ -25,7 +25,6 @@ the tests ask the registry, so nothing else names a kind.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 import flax.linen as nn
@@ -34,28 +33,9 @@ import ml_collections
 import numpy as np
 
 from transformer.errors import ConfigError
+from transformer.keys import Key, integer_key, positive_number_key  # noqa: F401  (kinds' keys)
 
 _KINDS: dict[str, type[PositionalEncoding]] = {}
-
-
-@dataclasses.dataclass(frozen=True)
-class Key:
-  """A kind's hyper-parameter: `config.model.<name>`, its default and what a valid value is."""
-  name: str
-  default: Any
-  help: str
-  need: str  # what a valid value is, for the error message ("a positive integer")
-  valid: Callable[[Any], bool]
-
-
-def integer_key(name: str, default: int, help: str, least: int = 1) -> Key:
-  return Key(name, default, help, f"an integer >= {least}",
-             lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= least)
-
-
-def positive_number_key(name: str, default: float, help: str) -> Key:
-  return Key(name, default, help, "a positive number",
-             lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0)
 
 
 class Terms(NamedTuple):
@@ -183,9 +163,7 @@ def check_config(cfg: ml_collections.ConfigDict) -> None:
   reaches data.max_len: each a ConfigError naming the key."""
   kind = get(cfg.model.positional)
   for key in all_keys():
-    value = cfg.model.get(key.name, key.default)
-    if not key.valid(value):
-      raise ConfigError(f"config.model.{key.name} must be {key.need}, got {value!r}")
+    key.check("model", cfg.model.get(key.name, key.default))
   for other, cls in _KINDS.items():
     for key in cls.keys:
       if other != kind.kind and key.name in cfg.model and cfg.model[key.name] != key.default:

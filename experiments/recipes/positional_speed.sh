@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Speed of every positional encoding beside the paper's sinusoids, the figures of the positional
+# study's record (experiments/results/positional_speed/): the default config's train step and its
+# greedy and beam searches on the 1,014 validation sentences (transformer-benchmark), each kind
+# once per round and the rounds repeated so that every kind's runs are spread over the same minutes
+# (side by side, on one machine, nothing else running); then the base model's train step compiled for
+# 8 H100s (transformer-compile: FLOPs, HBM traffic and the roofline bound). Then the table:
+#   bash experiments/recipes/positional_speed.sh [ROUNDS]     (default 2)
+set -euo pipefail
+ROUNDS=${1:-2}
+OUT=experiments/results/positional_speed
+KINDS=$(python -c "from transformer.model import positions; print(' '.join(positions.kinds()))")
+mkdir -p "$OUT/benchmark" "$OUT/compile"
+python - "$(git rev-parse --short HEAD)" > "$OUT/machine.json" <<'PY'
+import json, sys, time
+import flax, jax
+from transformer import hardware
+print(json.dumps({**hardware.describe(), "commit": sys.argv[1], "cores": hardware.usable_cpus(),
+                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "flax": flax.__version__}))
+PY
+for round in $(seq 1 "$ROUNDS"); do
+  for kind in $KINDS; do
+    transformer-benchmark --config=configs/multi30k.py --config.model.positional="$kind" \
+      --seq_len=16 --steps=10 --checkpoint_saves=0 \
+      --output="$OUT/benchmark/$kind-round$round.json" 2> "$OUT/benchmark/$kind-round$round.log"
+  done
+done
+for kind in $KINDS; do
+  transformer-compile --config=configs/wmt14_ende.py:base --config.model.positional="$kind" \
+    --topology=8xH100 --mesh=8,1,1 --programs=train \
+    --output="$OUT/compile/$kind.json" > "$OUT/compile/$kind.txt" 2> "$OUT/compile/$kind.log"
+done
+python -m experiments.tables
