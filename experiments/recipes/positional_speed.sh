@@ -11,12 +11,14 @@ ROUNDS=${1:-2}
 OUT=experiments/results/positional_speed
 KINDS=$(python -c "from transformer.model import positions; print(' '.join(positions.kinds()))")
 mkdir -p "$OUT/benchmark" "$OUT/compile"
-python - "$(git rev-parse --short HEAD)" > "$OUT/machine.json" <<'PY'
+python - "$(git rev-parse --short HEAD)" "$ROUNDS" > "$OUT/machine.json" <<'PY'
 import json, sys, time
 import flax, jax
 from transformer import hardware
+from transformer.model import positions
 print(json.dumps({**hardware.describe(), "commit": sys.argv[1], "cores": hardware.usable_cpus(),
-                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "flax": flax.__version__}))
+                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "jax": jax.__version__,
+                  "flax": flax.__version__, "rounds": int(sys.argv[2]), "kinds": positions.kinds()}))
 PY
 for round in $(seq 1 "$ROUNDS"); do
   for kind in $KINDS; do
@@ -30,4 +32,3 @@ for kind in $KINDS; do
     --topology=8xH100 --mesh=8,1,1 --programs=train \
     --output="$OUT/compile/$kind.json" > "$OUT/compile/$kind.txt" 2> "$OUT/compile/$kind.log"
 done
-python -m experiments.tables
