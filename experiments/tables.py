@@ -175,6 +175,44 @@ def positional() -> str:
   return "\n".join(lines)
 
 
+@table("positional-speed")
+def positional_speed() -> str:
+  """Every positional encoding's train step and searches beside the sinusoids' on the default
+  config, as ratios within each round (side by side), and base's step compiled for 8 H100s
+  (`bash experiments/recipes/positional_speed.sh`)."""
+  folder = RESULTS / "positional_speed"
+  machine = json.loads((folder / "machine.json").read_text())
+  rounds = range(1, machine["rounds"] + 1)
+  bench = {kind: [json.loads((folder / "benchmark" / f"{kind}-round{r}.json").read_text())
+                  for r in rounds] for kind in machine["kinds"]}
+  compiled = {kind: json.loads((folder / "compile" / f"{kind}.json").read_text())["programs"]["train"]
+              for kind in machine["kinds"]}
+  base, base_compiled = bench["sinusoidal"], compiled["sinusoidal"]
+
+  def ratio(kind: str, key: str) -> str:
+    """Mean of the per-round ratios (time / the sinusoids' time in the same round), their range."""
+    values = [mine[key] / theirs[key] for mine, theirs in zip(bench[kind], base)]
+    spread = f" ({min(values):.2f}–{max(values):.2f})" if len(values) > 1 else ""
+    return f"{statistics.mean(values):.2f}×{spread}"
+
+  lines = [f"{machine['cpu']}, {machine['cores']} cores, JAX {machine['jax']}, commit "
+           f"{machine['commit']}, {machine['date']}, {machine['rounds']} rounds (record: "
+           f"`experiments/results/positional_speed`):", "",
+           "| kind | parameters (default config) | train step, default config (sinusoidal: "
+           f"{1e3 * statistics.mean(r['step_sec_median'] for r in base):.0f} ms) | greedy search "
+           "(1,014 sentences) | beam 4 | base, 8×H100 (compiled): FLOPs / step | HBM bytes / step "
+           "| step bound |", "|---|---|---|---|---|---|---|---|"]
+  for kind in machine["kinds"]:
+    mine = compiled[kind]
+    step_bound = mine["bound"]["step_s"] / base_compiled["bound"]["step_s"]
+    lines.append(
+        f"| {kind} | {bench[kind][0]['parameters'] / 1e6:.3f}M | {ratio(kind, 'step_sec_median')} | "
+        f"{ratio(kind, 'decode_beam1_sec')} | {ratio(kind, 'decode_beam4_sec')} | "
+        f"{mine['flops'] / base_compiled['flops']:.3f}× | "
+        f"{mine['hbm_bytes'] / base_compiled['hbm_bytes']:.3f}× | {step_bound:.3f}× |")
+  return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------ speed
 
 def _gpu_step_records() -> list[tuple[Path, dict]]:

@@ -65,6 +65,17 @@ def test_missing_and_mismatched_checkpoints_are_clear_errors(tmp_path):
     checkpoints.restore(mngr, abstract_train_state(wide_cfg, wide_model, sharding))
 
 
+def test_a_run_of_one_positional_kind_is_never_resumed_as_another(tmp_path):
+  """Even with --allow_config_change: rotary and sinusoidal models have the same parameters, so
+  the checkpoint would restore without complaint into a model that reads them differently."""
+  cfg = base_config()
+  checkpoints.write_run_config(tmp_path, cfg)
+  cfg.model.positional = "rotary"
+  with pytest.raises(ConfigError, match="holds a run with positional='sinusoidal', not 'rotary'.* "
+                                        "even with --allow_config_change"):
+    checkpoints.check_run_config(tmp_path, cfg, allow_changes=True)
+
+
 def test_run_config_record(tmp_path):
   cfg = base_config()
   assert checkpoints.check_run_config(tmp_path, cfg) == []  # a new workdir

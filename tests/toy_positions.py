@@ -8,8 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.model.positions.base import (Drawing, PositionalEncoding, Terms, integer_key,
-                                              option)
+from transformer.model.positions.base import Drawing, PositionalEncoding, Terms, integer_key, option
 from transformer.model.positions.rotary import rotate
 from transformer.model.positions.sinusoidal import sinusoidal_encoding
 

@@ -6,9 +6,11 @@
 `--format=ctranslate2` writes a CTranslate2 model directory (OpenNMT's C++ engine, what people
 deploy Transformers with on CPUs and GPUs; `pip install -e '.[ctranslate2]'`) through its Python spec
 API: the same layers (post- or pre-LayerNorm, ReLU feed-forward, biases, epsilon 1e-6), the shared
-(or separate) embeddings scaled by sqrt(d_model), our interleaved sinusoids (or learned table) stored
-as a position table of `--max_positions` rows, the SentencePiece pieces as both vocabularies, and
-vocab.model beside them for tokenizing. Sources get EOS appended by the engine, as ours do. The
+(or separate) embeddings scaled by sqrt(d_model), the positional encoding as its kind writes it
+(positions/<kind>.py `export`: a table of `--max_positions` rows for sinusoidal or learned ones,
+relative key/value embeddings, T5 biases, rotary; ALiBi is refused), the SentencePiece pieces as
+both vocabularies, and vocab.model beside them for tokenizing. Sources get EOS appended by the
+engine, as ours do. The
 moving average is exported where the run keeps one (as transformer-eval scores it), the raw
 parameters with --noema. docs/evaluating.md shows serving it.
 """

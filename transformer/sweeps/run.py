@@ -44,10 +44,9 @@ from ml_collections import config_flags
 from transformer.cli import run_program
 from transformer.config import ConfigError, validate
 from transformer.data import sources
-from transformer.sweeps import by_length
 from transformer.evaluation import evaluate
 from transformer.metrics import METRICS_FILE, format_duration
-from transformer.sweeps import records, results, test_sets
+from transformer.sweeps import by_length, records, results, test_sets
 from transformer.sweeps.grids import Grid, Variant, load_grid
 
 FLAGS = flags.FLAGS

@@ -77,6 +77,12 @@ def check_run_config(workdir: str | os.PathLike, cfg: ml_collections.ConfigDict,
     raise ConfigError(f"{workdir} holds a run with a different config ({', '.join(changed)}); use "
                       "a new --workdir, the original values, or --allow_config_change to go on "
                       "with the new ones")
+  kinds = old.get("model", {}).get("positional"), new["model"].get("positional")
+  if kinds[0] != kinds[1]:  # kinds without parameters would restore silently into each other
+    raise ConfigError(f"{workdir} holds a run with positional={kinds[0]!r}, not {kinds[1]!r}: its "
+                      "parameters were trained for those positions, even with "
+                      "--allow_config_change; use a new --workdir, or "
+                      f"--config.model.positional={kinds[0]}")
   return changed
 
 

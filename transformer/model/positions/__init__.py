@@ -13,8 +13,18 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from transformer.model.positions.base import (Drawing, Key, PositionalEncoding, Terms, all_keys,
-                                              check_config, get, kinds, option, register)
+from transformer.model.positions.base import (
+  Drawing,
+  Key,
+  PositionalEncoding,
+  Terms,
+  all_keys,
+  check_config,
+  get,
+  kinds,
+  option,
+  register,
+)
 
 # The default first and the paper's other kind second, then the rest as the documentation lists them;
 # a new file needs no entry here (it follows, alphabetically).

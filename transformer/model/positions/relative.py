@@ -19,8 +19,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.model.attention import by_distance
-from transformer.model.positions.base import (Drawing, PositionalEncoding, Terms, integer_key,
-                                              option, register)
+from transformer.model.positions.base import (
+  Drawing,
+  PositionalEncoding,
+  Terms,
+  integer_key,
+  option,
+  register,
+)
 
 
 def clipped_offsets(query_positions: jax.Array, key_positions: jax.Array, clip: int) -> jax.Array:

@@ -14,8 +14,14 @@ import ml_collections
 import numpy as np
 
 from transformer.errors import ConfigError
-from transformer.model.positions.base import (Drawing, PositionalEncoding, Terms, option,
-                                              positive_number_key, register)
+from transformer.model.positions.base import (
+  Drawing,
+  PositionalEncoding,
+  Terms,
+  option,
+  positive_number_key,
+  register,
+)
 
 
 def rotation_angles(positions: jax.Array, dim: int, base: float) -> jax.Array:

@@ -17,8 +17,14 @@ import ml_collections
 import numpy as np
 
 from transformer.errors import ConfigError
-from transformer.model.positions.base import (Drawing, PositionalEncoding, Terms, integer_key,
-                                              option, register)
+from transformer.model.positions.base import (
+  Drawing,
+  PositionalEncoding,
+  Terms,
+  integer_key,
+  option,
+  register,
+)
 
 
 def relative_bucket(offset: jax.Array, bidirectional: bool, buckets: int, max_distance: int
