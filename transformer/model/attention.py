@@ -45,14 +45,17 @@ class Keys(NamedTuple):
   """One block of keys and values, the mask of what each query may read in it (broadcasting to the
   logits' shape; None = everything), and the first position it holds (blocks starting after the
   furthest position reached are skipped). A positional encoding may add a float32 `bias` to the
-  scaled logits (broadcasting like the mask) and value embeddings of distances: `value_distances`
-  [B|1, T|1, S, R] one-hot rows of `value_embeddings` [R, V] added to each key's value."""
+  scaled logits (broadcasting like the mask), and may relate queries and keys by one of R
+  distances (`distances` [B|1, T|1, S, R], one-hot): each query's float32 `distance_scores`
+  [B, H, T, R] are added to the logits of the keys at those distances, and the `value_embeddings`
+  [R, V] of its distances to each key's value. Computed per block, so skipped blocks cost nothing."""
   key: jax.Array
   value: jax.Array
   mask: jax.Array | None
   start: int = 0
   bias: jax.Array | None = None
-  value_distances: jax.Array | None = None
+  distances: jax.Array | None = None
+  distance_scores: jax.Array | None = None
   value_embeddings: jax.Array | None = None
 
 
@@ -72,9 +75,9 @@ def by_distance(x: jax.Array, distances: jax.Array, to_keys: bool) -> jax.Array:
 
 def _distance_values(weights: jax.Array, block: Keys, layout: Layout) -> jax.Array | None:
   """What the value embeddings of distances add to the output, in the layout's output axes."""
-  if block.value_distances is None:
+  if block.value_embeddings is None:
     return None
-  per_distance = by_distance(weights.astype(jnp.float32), block.value_distances, to_keys=False)
+  per_distance = by_distance(weights.astype(jnp.float32), block.distances, to_keys=False)
   added = jnp.einsum("bhtr,rv->bhtv", per_distance, block.value_embeddings.astype(jnp.float32))
   return added if layout == CACHE else jnp.swapaxes(added, 1, 2)
 
@@ -93,6 +96,8 @@ def attention(query: jax.Array, blocks: Sequence[Keys], layout: Layout = SEQUENC
     logits = logits / math.sqrt(query.shape[-1])
     if block.bias is not None:
       logits = logits + block.bias
+    if block.distance_scores is not None:
+      logits = logits + by_distance(block.distance_scores, block.distances, to_keys=True)
     return logits if block.mask is None else jnp.where(block.mask, logits, MASKED)
 
   if len(blocks) == 1:

@@ -77,7 +77,7 @@ def self_attention(module: nn.Module, query: jax.Array, new_key: jax.Array, new_
     slots = slice(start * beam_size, (start + size) * beam_size)
     blocks.append(Keys(key_var.value, value_var.value, mask[..., slots], start,
                        None if terms.bias is None else terms.bias[..., slots],
-                       None if terms.value_distances is None else terms.value_distances[..., slots, :],
-                       terms.value_embeddings))
+                       None if terms.distances is None else terms.distances[..., slots, :],
+                       terms.distance_scores, terms.value_embeddings))
   out, _ = attention(_heads_first(query), blocks, CACHE, reached=jnp.max(steps))
   return _heads_first(out)

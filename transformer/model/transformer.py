@@ -180,15 +180,15 @@ class MultiHeadAttention(nn.Module):
   def _full_sequence(self, query: jax.Array, key: jax.Array, value: jax.Array,
                      mask: jax.Array | None, deterministic: bool, terms: positional.Terms
                      ) -> jax.Array:
-    """Attention over whole sequences: ours (with attention dropout, or value embeddings of
-    distances), XLA's or cuDNN's kernel (which take the positions' bias)."""
+    """Attention over whole sequences: ours (with attention dropout, or terms by distance), XLA's
+    or cuDNN's kernel (which take the positions' bias)."""
     cfg = self.config
     with_dropout = not deterministic and cfg.attention_dropout > 0.0
-    kernel = attention_kernel(cfg, with_dropout or terms.value_distances is not None)
+    kernel = attention_kernel(cfg, with_dropout or terms.distances is not None)
     if kernel == "reference" or self.is_mutable_collection("intermediates"):
       dropout = lambda w: nn.Dropout(cfg.attention_dropout)(w, deterministic=not with_dropout)
-      block = Keys(key, value, mask, bias=terms.bias, value_distances=terms.value_distances,
-                   value_embeddings=terms.value_embeddings)
+      block = Keys(key, value, mask, bias=terms.bias, distances=terms.distances,
+                   distance_scores=terms.distance_scores, value_embeddings=terms.value_embeddings)
       out, weights = attention(query, [block], SEQUENCE, dropout)
       if self.is_mutable_collection("intermediates"):
         self.sow("intermediates", "attention_weights", weights)

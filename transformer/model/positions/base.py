@@ -40,13 +40,15 @@ _KINDS: dict[str, type[PositionalEncoding]] = {}
 
 class Terms(NamedTuple):
   """What a kind does to one self-attention layer: its queries and keys (rotated or not), a float32
-  bias of the scores (broadcasting to [B, H, T, S], added after the 1/sqrt(d_k) scaling), and value
-  embeddings of distances: `value_distances` [B|1, T|1, S, R] one-hot rows of `value_embeddings`
-  [R, d_v] that each key adds to its value."""
+  bias of the scores (broadcasting to [B, H, T, S], added after the 1/sqrt(d_k) scaling), and
+  terms by distance (attention.Keys): `distances` [B|1, T|1, S, R] one-hot, each query's float32
+  `distance_scores` [B, H, T, R] added to the scaled logits of the keys at those distances, and
+  `value_embeddings` [R, d_v] added to their values."""
   query: jax.Array
   key: jax.Array
   bias: jax.Array | None = None
-  value_distances: jax.Array | None = None
+  distances: jax.Array | None = None
+  distance_scores: jax.Array | None = None
   value_embeddings: jax.Array | None = None
 
 

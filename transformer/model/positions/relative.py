@@ -6,7 +6,8 @@ self-attention layer learns key and value embeddings of the key's offset from th
 
 Computed without a [B, H, T, S, d] tensor: the queries meet the 2c+1 key embeddings once
 ([B, H, T, 2c+1]) and each score picks its offset's column; each head's weights are summed per offset
-([B, H, T, 2c+1]) before meeting the value embeddings (attention.by_distance). No length limit."""
+([B, H, T, 2c+1]) before meeting the value embeddings (attention.by_distance, per block of the
+decoding cache, so the blocks no query has reached cost nothing). No length limit."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.model.attention import by_distance
 from transformer.model.positions.base import (
   Drawing,
   PositionalEncoding,
@@ -59,8 +59,9 @@ class Relative(PositionalEncoding):
                                (distances, config.value_dim))
     by_offset = jnp.einsum("bthk,rk->bhtr", query, key_table.astype(query.dtype),
                            preferred_element_type=jnp.float32)  # [B, H, T, 2c+1]
-    bias = by_distance(by_offset, prepared, to_keys=True) / math.sqrt(config.key_dim)
-    return Terms(query, key, bias=bias, value_distances=prepared, value_embeddings=value_table)
+    return Terms(query, key, distances=prepared,
+                 distance_scores=by_offset / math.sqrt(config.key_dim),
+                 value_embeddings=value_table)
 
   @classmethod
   def param_count(cls, config: Any) -> int:
