@@ -2,6 +2,9 @@
 
     out = softmax(Q K^T / sqrt(d_k) where mask, else MASKED) V      per head
 
+(plus what a positional encoding adds, positions/base.py: a bias of the scaled logits, and for
+relative positions scores and values by the distance between query and key, `Keys`).
+
 The callers differ only in the keys they pass: training gives one block of keys for the whole
 sequence; a decoding step gives the cached keys of the source (one block) or of its own earlier
 positions (several blocks of the self-attention cache, kv_cache.py), and blocks that no query has
