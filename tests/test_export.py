@@ -143,6 +143,7 @@ def test_export_refuses_a_directory_in_use_and_says_so(run, tmp_path):
   assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.slow  # the default run exports sinusoidal and learned models above
 @pytest.mark.parametrize("kind", positions.kinds())
 def test_every_kind_exports_where_ctranslate2_holds_it_and_is_refused_clearly_elsewhere(tmp_path,
                                                                                         kind):

@@ -41,6 +41,7 @@ SOURCE = jnp.asarray(random_tokens(np.random.default_rng(1), 3, 9, VOCAB, length
 LIMITS = np.array([12, 9, 7])
 
 
+@pytest.mark.slow  # the default run checks every kind's cache through beam search's scores below
 @pytest.mark.parametrize("kind", KINDS)
 def test_cached_greedy_is_the_search_without_a_cache(kind):
   model, params = kind_model(kind)
@@ -53,6 +54,8 @@ def test_cached_greedy_is_the_search_without_a_cache(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_beam_scores_are_forced_decoding_scores(kind):
+  """Three hypotheses a sentence in the cache (slot = position x 3 + hypothesis): each one's score
+  is its full forward pass's log-probability over the length penalty."""
   model, params = kind_model(kind)
   result = decoding.decode(decoding.BeamSearch(3, 0.6, 3), model, params, SOURCE,
                            jnp.asarray(LIMITS), 12)
@@ -105,6 +108,7 @@ def test_packed_rows_keep_each_pairs_positions_to_itself(kind):
                                  alone_lp[i][:len(target[i])], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_bfloat16_products_follow_float32(kind):
   """bf16 activations and products: the positions' terms stay float32, so logits move by bf16's

@@ -54,6 +54,7 @@ def test_training_updates_the_kinds_parameters(toy):
       assert not np.allclose(old, new)
 
 
+@pytest.mark.slow  # every real kind's cached search runs in test_position_kinds.py
 def test_decoding_uses_the_kind_and_its_length_limit(toy):
   model, params = toy
   longest = positions.get(model.config.positional).longest(model.config)
