@@ -418,12 +418,41 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   assert f"- command: `transformer-experiment {grid}" in (tmp_path / "record/README.md").read_text()
   assert (tmp_path / "record/results.md").read_text() == table
 
+  # The held-out test sets from a folder (here slices of the training text under their names):
+  # every run scored on each, nothing trained again, a table with Δ and p against the first row.
+  test_dir = tmp_path / "held_out"
+  test_dir.mkdir()
+  for i, name in enumerate(test_sets.HELD_OUT):
+    for lang in ("en", "de"):
+      lines = (tmp_path / f"train.{lang}").read_text().splitlines()[10 * i:10 * i + 10]
+      (test_dir / f"{name}.{lang}").write_text("\n".join(lines) + "\n")
+  common.append(f"--test_dir={test_dir}")
+  scored = run_experiment(*common, f"--record={tmp_path / 'record'}")
+  assert scored.returncode == 0, scored.stderr
+  assert scored.stderr.count("skipping training") == 2 and scored.stderr.count("evaluating -> ") == 6
+  with (root / "results.csv").open() as f:
+    rows = {r["variant"]: r for r in csv.DictReader(f)}
+  refs = (test_dir / "test_2017_mscoco.de").read_text().splitlines()
+  hyps = [(root / v / "seed0/eval/test_2017_mscoco_step6.hyp.txt").read_text().split("\n")[:-1]
+          for v in ("sinusoidal", "learned")]
+  assert float(rows["learned"]["test_2017_mscoco_p"]) == pytest.approx(
+      significance.paired_bootstrap(*hyps, refs))
+  report = json.loads((root / "learned/seed0/eval/test_2016_flickr_step6.json").read_text())
+  assert float(rows["learned"]["test_2016_flickr_bleu"]) == pytest.approx(report["sacrebleu"]["bleu"])
+  table = (root / "results.md").read_text()
+  assert "## Held-out test sets" in table
+  assert ("| variant | test_2016_flickr (10) | Δ vs sinusoidal | p | test_2017_flickr (10) |"
+          in table)
+  learned_line = next(line for line in table.split("## Held-out")[1].splitlines()
+                      if line.startswith("| learned |"))
+  assert f"{float(rows['learned']['test_2017_mscoco_p']):.3f}" in learned_line
+
   # The same checkpoints with a minimum output length: evaluated again under their own report
   # names, tabulated in min_len1/; nothing trained, the default search's reports and table kept.
   shortest = run_experiment(*common, "--min_len=1")
   assert shortest.returncode == 0, shortest.stderr
   assert shortest.stderr.count("skipping training") == 2
-  assert shortest.stderr.count("evaluating -> ") == 4 and "validation_step6_min1.json" in shortest.stderr
+  assert shortest.stderr.count("evaluating -> ") == 10 and "validation_step6_min1.json" in shortest.stderr
   assert [p.stat().st_mtime_ns for p in reports] == stamps and (root / "results.md").read_text() == table
   with (root / "min_len1/results.csv").open() as f:
     for row in csv.DictReader(f):
@@ -437,6 +466,7 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   kept = tmp_path / "record/runs/learned/seed0"
   assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file()) == [
       "config.json", "eval/long_step6.hyp.txt", "eval/long_step6.json",
+      *[f"eval/{name}_step6.{ext}" for name in test_sets.HELD_OUT for ext in ("hyp.txt", "json")],
       "eval/validation_step6.hyp.txt", "eval/validation_step6.json", "metrics.jsonl"]
   assert not list(kept.rglob("checkpoints"))
   table_csv = (root / "results.csv").read_text()
@@ -605,20 +635,20 @@ def test_a_clock_scale_that_is_not_positive_is_one_clear_error(tmp_path):
   assert "--clock_scale must be positive (a ratio of two machines' times), got 0" in out.stderr
 
 
-def test_the_test_set_table_needs_every_file_and_says_where_each_missing_one_is(tmp_path):
-  from experiments.recipes.multi30k_test_sets import find_test_files
+def test_the_held_out_sets_need_every_file_and_the_error_says_where_each_missing_one_is(tmp_path):
   for name in ("test_2016_flickr", "test_2017_flickr"):
     for lang in ("en", "fr"):
       (tmp_path / f"{name}.{lang}.gz").write_bytes(b"")
   (tmp_path / "test_2017_mscoco.en").write_text("a\n")  # plain text is accepted too
   with pytest.raises(ConfigError) as error:
-    find_test_files(tmp_path, "en", "fr")
+    test_sets.held_out(tmp_path, "en", "fr")
   assert "1 test file(s) missing in" in str(error.value)
   assert "data/task1/raw/test_2017_mscoco.fr.gz" in str(error.value)
   (tmp_path / "test_2017_mscoco.fr.gz").write_bytes(b"")
-  found = find_test_files(tmp_path, "en", "fr")
+  found = test_sets.held_out(tmp_path, "en", "fr")
   assert list(found) == ["test_2016_flickr", "test_2017_flickr", "test_2017_mscoco"]
-  assert found["test_2017_mscoco"] == (tmp_path / "test_2017_mscoco.en", tmp_path / "test_2017_mscoco.fr.gz")
+  assert found["test_2017_mscoco"] == {"source_file": str(tmp_path / "test_2017_mscoco.en"),
+                                       "reference_file": str(tmp_path / "test_2017_mscoco.fr.gz")}
 
 
 def test_the_test_set_table_averages_the_seeds_and_puts_the_literature_beside_the_test_sets():
@@ -725,3 +755,68 @@ def test_the_length_comparison_calls_a_conclusion_only_when_every_seed_signs_it(
   long.write_text(long.read_text() + "base,2,,\nX,2,-0.1,0.4\n")  # a third seed: the mean decides
   assert report(short, long).splitlines()[-1] == (
       "Seeds disagree on the sign at the long length: X (3 seeds)")
+
+
+def hparams_dashboard(logdir):
+  """What TensorBoard's HParams dashboard lists for `logdir`: its own handler, reading the files."""
+  from tensorboard import context
+  from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+  from tensorboard.plugins import base_plugin
+  from tensorboard.plugins.hparams import api_pb2, backend_context, list_session_groups
+  mux = plugin_event_multiplexer.EventMultiplexer()
+  mux.AddRunsFromDirectory(str(logdir))
+  mux.Reload()
+  tb = base_plugin.TBContext(data_provider=data_provider.MultiplexerDataProvider(mux, str(logdir)),
+                             multiplexer=mux, logdir=str(logdir))
+  request = api_pb2.ListSessionGroupsRequest(
+      start_index=0, slice_size=100, aggregation_type=api_pb2.AGGREGATION_AVG,
+      allowed_statuses=[api_pb2.STATUS_UNKNOWN, api_pb2.STATUS_SUCCESS, api_pb2.STATUS_RUNNING])
+  backend = backend_context.Context(tb)
+  experiment = backend.experiment_from_metadata(
+      context.RequestContext(), "", True, backend.hparams_metadata(context.RequestContext(), ""), None)
+  groups = list_session_groups.Handler(context.RequestContext(), backend, "", request).run()
+  return experiment, groups
+
+
+def test_every_run_of_a_grid_is_a_session_of_the_hparams_dashboard_with_its_final_numbers(tmp_path):
+  from transformer.sweeps import hparams
+  grid = Grid("g", [Variant("sinusoidal", {"model.positional": "sinusoidal"}),
+                    Variant("rotary", {"model.positional": "rotary"}),
+                    Variant("h8", {"model.num_heads": 8})])
+  runs = plan(grid, tiny_run_config(tmp_path), [], [0, 1], tmp_path / "root", {})
+  rows = []
+  for i, run in enumerate(runs):
+    run.workdir.mkdir(parents=True)
+    rows.append({"variant": run.variant.name, "seed": run.seed, "finished": i != 5, "steps_done": 6,
+                 "dev_ppl": 5.0 + i, "dev_bleu": 30.0 + i, "dev_ema_bleu": 31.0 + i,
+                 "long_bleu": None if i == 0 else 9.0 + i, "long_ema_bleu": None})
+  for _ in range(2):  # collecting again replaces the sessions, never lists them twice
+    hparams.write(rows, runs, grid, tmp_path / "root", ["long"])
+  experiment, groups = hparams_dashboard(tmp_path / "root")
+  assert {h.name: [v.string_value or v.number_value for v in h.domain_discrete.values]
+          for h in experiment.hparam_infos} == {
+      "model.positional": ["sinusoidal", "rotary"], "model.num_heads": [4, 8],
+      "variant": ["sinusoidal", "rotary", "h8"]}
+  assert [m.name.tag for m in experiment.metric_infos] == [
+      "final/dev_ppl", "final/dev_bleu", "final/dev_ema_bleu", "final/long_bleu"]
+  assert [g.name for g in sorted(groups.session_groups, key=lambda g: g.name)] == [
+      "h8", "rotary", "sinusoidal"]
+  for group in groups.session_groups:
+    mine = [(run, row) for run, row in zip(runs, rows) if run.variant.name == group.name]
+    assert group.hparams["model.num_heads"].number_value == mine[0][0].config.model.num_heads
+    assert group.hparams["model.positional"].string_value == mine[0][0].config.model.positional
+    assert sorted(s.name for s in group.sessions) == [f"{group.name}/seed0", f"{group.name}/seed1"]
+    for session in group.sessions:
+      row = next(row for run, row in mine if f"{run.variant.name}/seed{run.seed}" == session.name)
+      assert session.status == (api_status("STATUS_SUCCESS") if row["finished"]
+                                else api_status("STATUS_RUNNING"))
+      found = {m.name.tag: m.value for m in session.metric_values}
+      assert found == {f"final/{k}": v for k, v in row.items()
+                       if k.endswith(("_ppl", "_bleu")) and v is not None}
+    averaged = {m.name.tag: m.value for m in group.metric_values}
+    assert averaged["final/dev_bleu"] == pytest.approx(sum(r["dev_bleu"] for _, r in mine) / 2)
+
+
+def api_status(name):
+  from tensorboard.plugins.hparams import api_pb2
+  return api_pb2.Status.Value(name)

@@ -8,7 +8,7 @@ RUN,RUN,... is one seed of an ensemble recipe, its runs decoded together (transf
 --ensemble; they must share the vocabulary). Each is scored
 with transformer-eval's search (the moving average of its last checkpoint, as the README's figures;
 the runs' decode config unless transformer-eval's search flags say otherwise; named in the table)
-on its validation split and on test_2016_flickr, test_2017_flickr and test_2017_mscoco: sacreBLEU and
+on its validation split and on the held-out sets (test_sets.HELD_OUT): sacreBLEU and
 the literature's lowercased, normalised, Moses-tokenised BLEU (bleu.lc_tok_bleu, multi-bleu.perl on
 the release's lc.norm.tok convention). Writes --output_dir/<src>-<tgt>/results.md: each seed, the mean,
 and the published numbers beside them (LITERATURE, with their sources).
@@ -34,14 +34,12 @@ from typing import Any
 from absl import flags
 
 from transformer.cli import run_program
-from transformer.data import sources
 from transformer.decoding import translator
 from transformer.errors import ConfigError
 from transformer.evaluation import evaluate as evaluate_lib
-from transformer.sweeps import records
+from transformer.sweeps import records, test_sets
 from transformer.training.workdir import load_runs
 
-TEST_SETS = tuple(sources.MULTI30K_TEST_URLS)  # test_2016_flickr, test_2017_flickr, test_2017_mscoco
 # direction -> [(system, source, lc-tok BLEU on test2016, test2017, mscoco as published: text)]
 LITERATURE = {
     "en-de": [
@@ -59,27 +57,6 @@ LITERATURE = {
 }
 
 FLAGS = flags.FLAGS
-
-
-def find_test_files(test_dir: str | Path, src: str, tgt: str) -> dict[str, tuple[Path, Path]]:
-  """(source, reference) file of each test set in `test_dir`; a clear error naming what is missing
-  and where to get it."""
-  found, missing = {}, []
-  for name in TEST_SETS:
-    pair = []
-    for lang in (src, tgt):
-      options = [Path(test_dir) / f"{name}.{lang}{suffix}" for suffix in (".gz", "")]
-      present = [p for p in options if p.is_file()]
-      if present:
-        pair.append(present[0])
-      else:
-        missing.append(sources.MULTI30K_TEST_URLS[name].format(lang=lang))
-    if len(pair) == 2:
-      found[name] = tuple(pair)
-  if missing:
-    raise ConfigError(f"{len(missing)} test file(s) missing in {test_dir}; download them there "
-                      "(curl -LO URL):\n  " + "\n  ".join(missing))
-  return found
 
 
 def one_direction(configs: Sequence[Any]) -> str:
@@ -124,7 +101,7 @@ def table(direction: str, seeds: Sequence[str], results: dict[str, list[dict[str
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for name, per_seed in results.items():
     mean = {key: statistics.mean(r[key] for r in per_seed) for key in ("lc_tok", "sacrebleu", "bp")}
-    test = TEST_SETS.index(name) if name in TEST_SETS else None
+    test = test_sets.HELD_OUT.index(name) if name in test_sets.HELD_OUT else None
     cells = ([name] + [f"{r['lc_tok']:.2f}" for r in per_seed] + [f"**{mean['lc_tok']:.2f}**",
              f"{mean['sacrebleu']:.2f}", f"{mean['bp']:.3f}"] +
              [numbers[test] if test is not None else "–" for _, _, numbers in published])
@@ -143,9 +120,8 @@ def main(argv: list[str]) -> None:
   runs = {members: load_runs(members.split(","), None, 1) for members in workdirs}
   configs = [loaded[0].config for loaded in runs.values()]
   direction, cfg = one_direction(configs), configs[0]
-  files = find_test_files(FLAGS.test_dir, cfg.data.src_lang, cfg.data.tgt_lang)
-  sets = {cfg.data.eval_split: {}} | {name: {"source_file": str(s), "reference_file": str(t)}
-                                      for name, (s, t) in files.items()}
+  sets = {cfg.data.eval_split: {}} | test_sets.held_out(FLAGS.test_dir, cfg.data.src_lang,
+                                                        cfg.data.tgt_lang)
   if FLAGS.ensemble:
     raise ConfigError("--ensemble does not apply here: name an ensemble's runs as RUN,RUN")
   search = translator.search_overrides()

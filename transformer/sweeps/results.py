@@ -114,6 +114,8 @@ def collect(runs: Sequence[Any]) -> list[dict[str, Any]]:
       row[f"{name}_ema_bleu"] = averaged["sacrebleu"]["bleu"] if averaged else None
       row[f"{name}_tokenized_bleu"] = report["tokenized_bleu"]["bleu"] if report else None
       row[f"{name}_lc_tok_bleu"] = (report.get("lc_tok_bleu") or {}).get("bleu") if report else None
+      row[f"{name}_ema_lc_tok_bleu"] = ((averaged.get("lc_tok_bleu") or {}).get("bleu")
+                                        if averaged else None)
       eval_sec += sum(r["total_sec"] for r in (report, averaged) if r)
     row["eval_sec"] = round(eval_sec, 1)
     rows.append(row)
@@ -273,12 +275,36 @@ def markdown_table(rows: list[dict[str, Any]], grid: Grid) -> str:
   return "\n".join(lines)
 
 
+def held_out_table(rows: list[dict[str, Any]], grid: Grid, references: dict[str, Sequence[str]]
+                   ) -> str:
+  """Markdown: a row per variant, for each held-out test set its BLEU (the moving average's where
+  every finished run has one), the Δ against the first row and each seed's p."""
+  first = grid.variants[0].name
+  headers = ["variant"]
+  for name in references:
+    headers += [f"{name} ({len(references[name]):,})", f"Δ vs {first}", "p"]
+  lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+  for variant in grid.variants:
+    finished = [r for r in rows if r["variant"] == variant.name and r["finished"]]
+    cells = [variant.name]
+    for name in references:
+      ema = finished and all(r.get(f"{name}_ema_bleu") is not None for r in finished)
+      key = f"{name}_ema_bleu" if ema else f"{name}_bleu"
+      cells += [format_mean_std([r.get(key) for r in finished]),
+                format_difference([r.get(f"{name}_delta") for r in finished]),
+                format_p_values([r.get(f"{name}_p") for r in finished])]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
 def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0,
-          dev_sources: Sequence[str] | None = None) -> list[Path]:
+          dev_sources: Sequence[str] | None = None,
+          held_out: dict[str, Sequence[str]] | None = None) -> list[Path]:
   """results.csv, results.md, curves.png and bleu.png in `root`, for the evaluations with at least
   `min_len` tokens per translation (transformer-eval --min_len); with `dev_sources` (a grid
-  `by_length`) also BLEU by source length in results.md and length.png. Workdirs in results.csv are
-  relative to `root`, so the file means the same wherever it is copied with its runs' folder."""
+  `by_length`) also BLEU by source length in results.md and length.png; with `held_out` (test set
+  name -> its references) a table of the held-out test sets. Workdirs in results.csv are relative
+  to `root`, so the file means the same wherever it is copied with its runs' folder."""
   root.mkdir(parents=True, exist_ok=True)
   csv_path = root / "results.csv"
   fields = list(dict.fromkeys(key for row in rows for key in row))
@@ -321,6 +347,12 @@ def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0,
     md[-1:-1] = ["Compared with a base trained on another machine (float32 training differs "
                  "between machines; their Δ and p include that difference): "
                  + "; ".join(elsewhere) + ".", ""]
+  if held_out:
+    md += ["## Held-out test sets", "", held_out_table(rows, grid, held_out), "",
+           "sacreBLEU of the last checkpoint's moving average (the raw parameters' where a run keeps "
+           "none) on each official test set (its sentences in brackets), mean ± std over seeds; Δ "
+           "and p as above, against the same seed of the first row. The raw parameters' BLEU and "
+           "both's lowercased tokenized BLEU (the literature's) are in results.csv.", ""]
   if dev_sources is not None:
     md += ["## BLEU by source length", "",
            by_length.markdown(rows, grid, dev_sources, format_mean_std), "",

@@ -17,10 +17,14 @@ results are kept there is restored from them instead of trained again: a grid th
 machines or days resumes from the committed record on a fresh checkout.
 
 Output in ROOT: results.csv (one row per run), results.md (the paper's Table 3 layout, mean ± std over
-seeds), curves.png, bleu.png and commands.sh (every run's command line); `--record=DIR` copies them
+seeds), curves.png, bleu.png and commands.sh (every run's command line), and every run in
+TensorBoard's HParams dashboard (`tensorboard --logdir ROOT`; transformer/sweeps/hparams.py);
+`--record=DIR` copies them
 (and the extra test sets' descriptions) to DIR, e.g. experiments/results/<name>/.
 `--base.KEY=VALUE` overrides the base config for every variant; `--only=A,B` runs those variants
 (and the first row) only, e.g. a third seed where two disagree (`--seeds=3 --only=A-h8`).
+`--test_dir=DIR` also scores every run on the held-out test sets in DIR (Multi30k's official test
+sets, which the project does not bundle), tabulated beside the dev set's with their own Δ and p.
 `--min_len=N` scores the same checkpoints with a minimum output length (reports `_min<N>`, tables in
 ROOT/min_len<N>/).
 """
@@ -46,7 +50,7 @@ from transformer.config import ConfigError, validate
 from transformer.data import sources
 from transformer.evaluation import evaluate
 from transformer.metrics import METRICS_FILE, format_duration
-from transformer.sweeps import by_length, records, results, test_sets
+from transformer.sweeps import by_length, hparams, records, results, test_sets
 from transformer.sweeps.grids import Grid, Variant, load_grid
 
 FLAGS = flags.FLAGS
@@ -288,13 +292,17 @@ def main(argv: list[str]) -> None:
   base = validate(FLAGS.base)
   for variant in grid.variants:  # every variant checked before anything runs
     variant_config(base, variant, seeds[0])
+  held_out = (test_sets.held_out(FLAGS.test_dir, base.data.src_lang, base.data.tgt_lang,
+                                 check=not FLAGS.print_commands) if FLAGS.test_dir else {})
   if FLAGS.print_commands:  # names the test sets' files without building them (nor needing data)
     files = {name: test_sets.planned(name, base, root / "test_sets") for name in grid.test_sets}
+    files.update(held_out)
     runs = plan(grid, base, base_arguments(sys.argv), seeds, root, files, FLAGS.min_len)
     print("\n".join(command_lines(selected(runs, grid, FLAGS.only))))
     return
   files = {name: test_sets.build(name, base, seeds[0], root / "test_sets")
            for name in grid.test_sets}
+  files.update(held_out)
   runs = plan(grid, base, base_arguments(sys.argv), seeds, root, files, FLAGS.min_len)
   to_run = selected(runs, grid, FLAGS.only)
   pairs = results.read_pairs(Path(FLAGS.pairs), runs) if FLAGS.pairs else None
@@ -322,12 +330,14 @@ def main(argv: list[str]) -> None:
     by_length.add_buckets(table, runs, dev_sources, references["dev"], results.translations)
   written = results.write(table, grid, tables,
                           base.decode.min_len if FLAGS.min_len is None else FLAGS.min_len,
-                          dev_sources)
+                          dev_sources, {name: references[name] for name in held_out})
+  if FLAGS.min_len is None:  # the dashboard shows the config's search, as the main table
+    hparams.write(table, runs, grid, root, [*grid.test_sets, *held_out])
   commands = tables / "commands.sh"
   commands.write_text(f"# {grid.name}: every run's commands (train && evaluate), one line each\n"
                       + "\n".join(command_lines(runs)) + "\n")
   written.append(commands)
-  written += [root / "test_sets" / f"{name}.json" for name in files]  # as test_sets.build stores them
+  written += [root / "test_sets" / f"{name}.json" for name in grid.test_sets]  # test_sets.build's
   log.info("Wrote %s", ", ".join(str(p) for p in written))
   if record:
     records.record(written, record, f"Experiment `{grid.name}`",
@@ -356,6 +366,10 @@ def run() -> None:
   flags.DEFINE_integer("min_len", None, "Evaluate with transformer-eval --min_len=N (at least N "
                        "tokens per translation; 1 rules out the empty one) instead of the config's "
                        "search; the tables go to ROOT/min_len<N>/, beside the default search's.")
+  flags.DEFINE_string("test_dir", None, "Also score every run on the held-out test sets in this "
+                      "folder (Multi30k's test_2016_flickr, test_2017_flickr and test_2017_mscoco, "
+                      "the release's raw files, .gz or plain: not bundled, download them once), "
+                      "each with the paired bootstrap against the first row.")
   flags.DEFINE_string("record", None, "Also copy the tables, plots, commands and test-set "
                       "descriptions here, e.g. experiments/results/<name> (the repository's record), "
                       "and keep every finished run's results in its runs/ folder (restored from "

@@ -1,4 +1,5 @@
-"""Extra test sets a grid can ask for, written once per experiment as plain parallel text files.
+"""Extra test sets a grid can ask for, written once per experiment as plain parallel text files,
+and the held-out test sets of a corpus, read from a folder the user provides.
 
 'long' tests the paper's argument for sinusoids (Section 3.5: they "may allow the model to extrapolate
 to sequence lengths longer than the ones encountered during training"): consecutive sentence pairs of
@@ -6,6 +7,9 @@ the dev split are joined into one sentence each side (", and" / ", und"), until 
 longer (in subword tokens, EOS included) than the longest source the training run keeps. Every long
 source is then beyond every position a learned table was trained on. Joined sources longer than
 `data.max_len` are left out, since evaluation truncates there.
+
+The held-out sets (`held_out`) are Multi30k's official test sets, which the project does not bundle:
+a grid given `--test_dir` scores every run on them too.
 """
 
 from __future__ import annotations
@@ -135,3 +139,30 @@ def build(name: str, cfg: ml_collections.ConfigDict, seed: int, out_dir: Path) -
   train = sources.open_split(cfg.data, cfg.data.train_split)
   vocab = vocab_lib.load_vocab(vocab_lib.cached_vocab(cfg.data, train, seed))
   return BUILDERS[name](cfg, vocab, out_dir)
+
+
+HELD_OUT = tuple(sources.MULTI30K_TEST_URLS)  # test_2016_flickr, test_2017_flickr, test_2017_mscoco
+
+
+def held_out(test_dir: str | Path, src: str, tgt: str, check: bool = True
+             ) -> dict[str, dict[str, str]]:
+  """The source and reference file of each held-out test set in `test_dir` (the release's raw
+  files, .gz or plain): {name: {'source_file': ..., 'reference_file': ...}}. Every file must be
+  there; the error names each missing one with the address to download it from. `check=False`
+  names the .gz file where none is found (commands printed for another machine)."""
+  found, missing = {}, []
+  for name in HELD_OUT:
+    pair = []
+    for lang in (src, tgt):
+      options = [Path(test_dir) / f"{name}.{lang}{suffix}" for suffix in (".gz", "")]
+      present = [p for p in options if p.is_file()] or ([] if check else options[:1])
+      if present:
+        pair.append(str(present[0]))
+      else:
+        missing.append(sources.MULTI30K_TEST_URLS[name].format(lang=lang))
+    if len(pair) == 2:
+      found[name] = {"source_file": pair[0], "reference_file": pair[1]}
+  if missing:
+    raise ConfigError(f"{len(missing)} test file(s) missing in {test_dir}; download them there "
+                      "(curl -LO URL):\n  " + "\n  ".join(missing))
+  return found
