@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import matplotlib.image
+import ml_collections
 import numpy as np
 import pytest
 import sacrebleu
@@ -820,3 +821,54 @@ def test_every_run_of_a_grid_is_a_session_of_the_hparams_dashboard_with_its_fina
 def api_status(name):
   from tensorboard.plugins.hparams import api_pb2
   return api_pb2.Status.Value(name)
+
+
+def test_a_grid_refuses_runs_of_another_config_or_left_out_of_its_tables(tmp_path):
+  from transformer.sweeps import consistency
+  grid = Grid("g", [Variant("sinusoidal", {"model.positional": "sinusoidal"}),
+                    Variant("learned", {"model.positional": "learned"})])
+  base = tiny_run_config(tmp_path)
+  root, record = tmp_path / "root", tmp_path / "record"
+
+  def write_config(folder, cfg):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(cfg.to_json_best_effort())
+
+  runs = plan(grid, base, [], [0, 1], root, {})
+  for run in runs:
+    write_config(run.workdir, run.config)
+  consistency.check(runs, "g", root, record)  # the same grid: nothing to say
+
+  quieter = ml_collections.ConfigDict(base.to_dict())
+  quieter.train.eval_every, quieter.train.keep_checkpoints = 1000, 1
+  consistency.check(plan(grid, quieter, [], [0, 1], root, {}), "g", root, record)  # bookkeeping
+
+  older = json.loads(runs[1].config.to_json_best_effort())
+  del older["train"]["loss_chunks"]  # a key added later: its default reproduces the old behaviour
+  (runs[1].workdir / "config.json").write_text(json.dumps(older))
+  consistency.check(runs, "g", root, record)
+
+  other = ml_collections.ConfigDict(base.to_dict())
+  other.train.learning_rate = 2.0
+  with pytest.raises(ConfigError) as error:
+    consistency.check(plan(grid, other, [], [0, 1], root, {}), "g", root, record)
+  assert (f"the grid's folder holds sinusoidal seed 0 ({runs[0].workdir}) trained with another "
+          "config than this command's: train.learning_rate: 1.0 -> 2.0. Pass the --base flags "
+          "it was run with") in str(error.value)
+
+  with pytest.raises(ConfigError) as error:
+    consistency.check(plan(grid, base, [], [0], root, {}), "g", root, record)
+  assert ("holds runs this command leaves out of its tables: learned/seed1, sinusoidal/seed1 "
+          "(pass --seeds/--first_seed to include seed(s) 1)") in str(error.value)
+
+  write_config(record / "runs/A-h8/seed0", runs[0].config)
+  with pytest.raises(ConfigError) as error:
+    consistency.check(runs, "g", root, record)
+  assert (f"the grid's record {record / 'runs'} holds runs this command leaves out of its tables: "
+          "A-h8/seed0 (they are no variants of grid g)") in str(error.value)
+  (record / "runs/A-h8/seed0/config.json").unlink()
+  write_config(record / "runs/learned/seed0", runs[0].config)  # a kept run of another variant
+  with pytest.raises(ConfigError) as error:
+    consistency.check(runs, "g", root, record)
+  assert "the grid's record holds learned seed 0" in str(error.value)
+  assert "model.positional: 'sinusoidal' -> 'learned'" in str(error.value)

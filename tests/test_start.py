@@ -10,6 +10,7 @@ from transformer.data import sources
 from transformer.data.loader import Loader
 from transformer.data.sources import DataError
 from transformer.metrics import read_metrics
+from transformer.training import train
 from transformer.training.train import train_and_evaluate
 
 
@@ -60,8 +61,13 @@ def test_the_trainer_reports_the_share_of_time_it_waited_for_data(tmp_path, monk
       time.sleep(1.0)
       yield item
   monkeypatch.setattr(Loader, "batches", slow)
+  real_validation = train.evaluate_loss
+  def slow_validation(*args, **kwargs):  # the one validation (at the last step) takes 0.5 s more
+    time.sleep(0.5)
+    return real_validation(*args, **kwargs)
+  monkeypatch.setattr(train, "evaluate_loss", slow_validation)
   with caplog.at_level("INFO", logger="transformer"):
-    train_and_evaluate(cfg, str(tmp_path / "slow"))
+    summary = train_and_evaluate(cfg, str(tmp_path / "slow"))
   records = read_metrics(tmp_path / "slow", "train")
   waits = [r["data_wait"] for r in records]
   assert len(waits) == 2 and all(0 <= w <= 1 for w in waits)
@@ -71,3 +77,13 @@ def test_the_trainer_reports_the_share_of_time_it_waited_for_data(tmp_path, monk
   assert waits[0] * intervals[0] == pytest.approx(1.0, abs=0.3)
   assert waits[1] * intervals[1] == pytest.approx(2.0, abs=0.3)
   assert "| data wait " in caplog.text
+  # The summary splits the loop's time: the 3 s of waiting, the validation's 0.5 s (its own
+  # compilation counted as compiling), compiling, checkpoints, and the steps as the rest.
+  assert summary["data_wait_sec"] == pytest.approx(3.0, abs=0.3)
+  assert 0.5 <= summary["validation_sec"] < 0.8
+  assert summary["compile_sec"] > 0 and summary["checkpoint_sec"] >= 0 and summary["steps_sec"] > 0
+  parts = ("compile_sec", "validation_sec", "checkpoint_sec", "data_wait_sec", "steps_sec")
+  assert sum(summary[k] for k in parts) == pytest.approx(summary["train_time_sec"])
+  assert summary["startup_sec"] > 0
+  assert read_metrics(tmp_path / "slow", "summary")[-1]["compile_sec"] == pytest.approx(
+      summary["compile_sec"], abs=1e-5)

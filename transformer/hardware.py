@@ -14,6 +14,7 @@ import contextlib
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")  # Linux's; elsewhere the platform module names the CPU
@@ -111,6 +112,18 @@ def memory_mib(pid: int | str = "self") -> dict[str, int]:
   except OSError:
     pass
   return out
+
+
+def seconds_since_launch() -> float | None:
+  """Wall seconds since this process started (Linux's /proc: its start in clock ticks after boot,
+  and the boot time); None where that cannot be read."""
+  try:
+    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                if line.startswith("btime "))
+  except (OSError, ValueError, IndexError, StopIteration):
+    return None
+  return time.time() - (boot + ticks / os.sysconf("SC_CLK_TCK"))
 
 
 # Dense bf16 peak TFLOP/s per JAX device (vendor data sheets, no sparsity). TPU v2/v3 devices are

@@ -123,6 +123,32 @@ def training_clock(train_records: Sequence[dict[str, Any]]) -> list[float]:
   return clock
 
 
+# What JAX reports of getting a program ready to run: tracing, lowering to StableHLO, and XLA's
+# compilation or the persistent compilation cache's read. Phases one after the other, never nested.
+COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+                  "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                  "/jax/core/compile/backend_compile_duration")
+
+
+class CompileClock:
+  """Seconds this process spends tracing and compiling while the clock is open (a context
+  manager), summed from the durations JAX reports through jax.monitoring."""
+
+  def __init__(self):
+    self.seconds = 0.0
+
+  def _record(self, event: str, duration: float, **_: Any) -> None:
+    if event in COMPILE_EVENTS:
+      self.seconds += duration
+
+  def __enter__(self) -> CompileClock:
+    jax.monitoring.register_event_duration_secs_listener(self._record)
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    jax.monitoring.unregister_event_duration_listener(self._record)
+
+
 def _plain(value: Any) -> Any:
   """A JSON-friendly Python number from a numpy/JAX scalar."""
   if hasattr(value, "item"):

@@ -50,7 +50,7 @@ from transformer.config import ConfigError, validate
 from transformer.data import sources
 from transformer.evaluation import evaluate
 from transformer.metrics import METRICS_FILE, format_duration
-from transformer.sweeps import by_length, hparams, records, results, test_sets
+from transformer.sweeps import by_length, consistency, hparams, records, results, test_sets
 from transformer.sweeps.grids import Grid, Variant, load_grid
 
 FLAGS = flags.FLAGS
@@ -313,6 +313,7 @@ def main(argv: list[str]) -> None:
     log.info("--only: running %d of them (%s and the first row); the tables show every run found",
              len(to_run), ", ".join(FLAGS.only))
   record = Path(FLAGS.record) if FLAGS.record else None
+  consistency.check(runs, grid.name, root, record)
   if record and (restored := restore_results(runs, record)):
     log.info("Restored %d finished runs from %s (results only: their checkpoints are not kept)",
              restored, record / "runs")

@@ -66,7 +66,7 @@ def check_run_config(workdir: str | os.PathLike, cfg: ml_collections.ConfigDict,
   path = Path(workdir) / CONFIG_FILE
   if not path.is_file():
     return []
-  old = _with_defaults(json.loads(path.read_text()))
+  old = with_defaults(json.loads(path.read_text()))
   new = json.loads(cfg.to_json_best_effort())
   changed = [f"{section}.{key}: {old.get(section, {}).get(key)!r} -> {new[section].get(key)!r}"
              for section, fixed in fixed_keys().items()
@@ -104,10 +104,10 @@ def load_run_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
   if not path.is_file():
     raise CheckpointError(f"{path} not found: {workdir} is not a training workdir "
                           "(train first with transformer-train --workdir=...)")
-  return ml_collections.ConfigDict(_with_defaults(json.loads(path.read_text())))
+  return ml_collections.ConfigDict(with_defaults(json.loads(path.read_text())))
 
 
-def _with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
+def with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
   """A stored config with keys added since it was written set to their defaults.
 
   A new key's default always reproduces the behaviour from before the key existed (e.g. model.d_k = 0

@@ -54,7 +54,7 @@ from transformer.data import vocab as vocab_lib
 from transformer.distributed import leader_first
 from transformer.errors import UserError
 from transformer.hardware import table_peak
-from transformer.metrics import MetricWriter, format_duration
+from transformer.metrics import CompileClock, MetricWriter, format_duration
 from transformer.model.size import training_flops_per_target_token
 from transformer.model.transformer import PAD_ID, ModelConfig, Transformer
 from transformer.training import checkpoints, preemption
@@ -227,12 +227,13 @@ def _write_and_train(run: Run, changed: list[str]) -> dict[str, Any]:
         preemption.StopRequests() as stop,
         MetricWriter(workdir, purge_step=start + 1 if start else None) as writer,
         progress.Progress("training", cfg.train.steps, "steps", initial=start, line_seconds=None,
-                          mode=None if jax.process_index() == 0 else "off") as bar):
+                          mode=None if jax.process_index() == 0 else "off") as bar,
+        CompileClock() as compiling):
     if start < cfg.train.steps:  # which machine trains which steps (none: nothing to record)
       trained_on = hardware.describe()
       log.info("Machine: %s", trained_on["machine"])
       writer.write("start", start, **trained_on)
-    return _Loop(run, mngr, stop, writer, bar, n_params).train()
+    return _Loop(run, mngr, stop, writer, bar, n_params, compiling).train()
 
 
 class _Loop:
@@ -241,9 +242,12 @@ class _Loop:
   so the host never waits on the device between steps."""
 
   def __init__(self, run: Run, mngr, stop: preemption.StopRequests, writer: MetricWriter,
-               bar: progress.Progress, n_params: int):
+               bar: progress.Progress, n_params: int, compiling: CompileClock):
     self.run, self.mngr, self.stop, self.writer, self.bar = run, mngr, stop, writer, bar
-    self.n_params = n_params
+    self.n_params, self.compiling = n_params, compiling
+    self.launch_sec = hardware.seconds_since_launch()  # the start-up: imports, data, state
+    # Where the loop's wall time goes besides the steps (compiling counted apart from the rest).
+    self.validation_sec = self.checkpoint_sec = self.wait_sec = 0.0
     self.eval_fn = jit_eval_step(run.model, run.mesh)
     self.peak = table_peak(jax.devices()[0].device_kind)  # None off the table (CPUs): no MFU then
     self.watch = faults.NonFiniteWatch(skip=run.cfg.train.on_nonfinite == "skip")
@@ -327,12 +331,14 @@ class _Loop:
              format_duration(record["elapsed"]), format_duration(eta))
     self.bar.update(0, loss=record["loss"])
     checkpoints.check_saves(self.mngr)  # a failed background write (disk full) stops the run here
+    self.wait_sec += self.interval_wait
     self.interval_start, self.interval_sums, self.interval_flops = time.time(), [], 0.0
     self.interval_real, self.interval_positions, self.interval_wait = 0.0, 0, 0.0
 
   def validate(self, done: int, state: TrainState) -> None:
     """Teacher-forced validation of the parameters (and of their moving average, if kept)."""
     run = self.run
+    t, compiled = time.perf_counter(), self.compiling.seconds
     metrics = evaluate_loss(self.eval_fn, state.params, run.eval_batches, run.mesh)
     ema = ""
     if isinstance(state, EmaTrainState):
@@ -340,6 +346,7 @@ class _Loop:
       metrics.update({f"ema_{k}": v for k, v in ema_metrics.items() if k != "tokens"})
       ema = (f" | EMA: nll {ema_metrics['nll']:.3f} | perplexity {ema_metrics['perplexity']:.2f}"
              f" | accuracy {ema_metrics['accuracy']:.3f}")
+    self.validation_sec += time.perf_counter() - t - (self.compiling.seconds - compiled)
     self.writer.write("eval", done, **metrics)
     log.info("eval at step %d | nll %.3f | perplexity %.2f | accuracy %.3f%s", done,
              metrics["nll"], metrics["perplexity"], metrics["accuracy"], ema)
@@ -348,24 +355,39 @@ class _Loop:
     t = time.perf_counter()
     checkpoints.save(self.mngr, step, state, self.run.train_pipeline.position(position))
     blocked = time.perf_counter() - t
+    self.checkpoint_sec += blocked
     self.writer.write("checkpoint", step, blocking_sec=blocked)
     log.info("checkpoint at step %d (training paused %.3fs; written in the background)", step,
              blocked)
     self.last_save, self.saved_step = time.time(), step
 
   def finish(self) -> dict[str, Any]:
+    t = time.perf_counter()
     checkpoints.finish_saves(self.mngr)
+    self.checkpoint_sec += time.perf_counter() - t
     total, train_time = self.run.cfg.train.steps, time.time() - self.t_start
     summary = {"steps": total, "resumed_from": self.start, "train_time_sec": train_time,
                "tokens_per_sec": (self.tokens_seen / train_time if train_time and self.tokens_seen
                                   else None),
-               "skipped_updates": self.watch.skipped, "parameters": self.n_params}
+               "skipped_updates": self.watch.skipped, "parameters": self.n_params,
+               **self.wall_split(train_time)}
     if total > self.start:
       self.writer.write("summary", total, **summary)
-      log.info("Trained steps %d-%d in %s (%.0f target tokens/s). Next: transformer-eval "
-               "--workdir=%s", self.start, total, format_duration(train_time),
-               summary["tokens_per_sec"], self.run.workdir)
+      log.info("Trained steps %d-%d in %s (%.0f target tokens/s; besides the steps: compiling "
+               "%.0fs, validation %.0fs, checkpoints %.1fs, waiting for data %.1fs). Next: "
+               "transformer-eval --workdir=%s", self.start, total, format_duration(train_time),
+               summary["tokens_per_sec"], summary["compile_sec"], summary["validation_sec"],
+               summary["checkpoint_sec"], summary["data_wait_sec"], self.run.workdir)
     return summary
+
+  def wall_split(self, train_time: float) -> dict[str, float | None]:
+    """Where the loop's `train_time` went: compiling (tracing, lowering, XLA or the persistent
+    cache), validation, checkpoints (the loop's pauses and the final wait), waiting for data, and
+    the steps (the rest); `startup_sec`: the process's seconds before the loop (None off Linux)."""
+    split = {"compile_sec": self.compiling.seconds, "validation_sec": self.validation_sec,
+             "checkpoint_sec": self.checkpoint_sec, "data_wait_sec": self.wait_sec}
+    return {**split, "steps_sec": train_time - sum(split.values()),
+            "startup_sec": self.launch_sec}
 
 
 def _stop_at_nonfinite(run: Run, mngr, state: TrainState, bad: faults.StepRecord,
