@@ -148,7 +148,8 @@ def test_export_refuses_a_directory_in_use_and_says_so(run, tmp_path):
 def test_every_kind_exports_where_ctranslate2_holds_it_and_is_refused_clearly_elsewhere(tmp_path,
                                                                                         kind):
   """Scored alike by both engines over targets longer than the relative clip and the T5 buckets'
-  exact range, or one line saying CTranslate2 cannot hold the kind (ALiBi: its encoder has none)."""
+  exact range, or one line saying CTranslate2 cannot hold the kind and why (ALiBi: its encoder has
+  none)."""
   options = (("relative_clip", 3), ("t5_buckets", 8), ("t5_max_distance", 12))
   config = tiny_model_config(vocab_size=VOCAB, positional=kind, position_options=options)
   model = Transformer(config)
@@ -157,7 +158,8 @@ def test_every_kind_exports_where_ctranslate2_holds_it_and_is_refused_clearly_el
   tgt = random_tokens(np.random.default_rng(1), 3, 16, VOCAB, lengths=[16, 4, 11])
   declared = positions.get(kind).export.__func__ is not positions.PositionalEncoding.export.__func__
   if not declared:
-    with pytest.raises(ConfigError, match=f"CTranslate2 cannot hold {kind!r} positions"):
+    with pytest.raises(ConfigError, match=f"CTranslate2 cannot hold {kind!r} positions "
+                                          rf"\({positions.get(kind).not_in_ctranslate2}\)"):
       translator(tmp_path, config, params)
     return
   engine = translator(tmp_path, config, params)

@@ -14,6 +14,7 @@ import pytest
 from helpers import init_params, random_tokens, tiny_model_config
 
 from transformer import decoding, partitioning
+from transformer.config import ConfigError, base_config, validate
 from transformer.data import batching
 from transformer.decoding import textbook
 from transformer.model import positions
@@ -169,6 +170,43 @@ def test_t5_buckets_are_t5s():
     got = relative_bucket(jnp.asarray(offsets), bidirectional, 32, 128)
     assert list(np.asarray(got)) == [reference(int(n), bidirectional) for n in offsets]
   assert list(np.asarray(relative_bucket(jnp.asarray([-1, 0, 1]), True, 32, 128))) == [1, 0, 17]
+
+
+def test_t5s_check_accepts_exactly_the_settings_whose_buckets_stay_in_range():
+  """Bucket counts from 4 to 32, maximum distances around both stacks' ends of their exact buckets
+  (t5_buckets / 4 and / 2) and beyond: the check accepts a setting
+  if and only if both stacks' buckets of every offset lie in [0, t5_buckets); at the boundary of
+  each bucket count the decoder's logits are finite."""
+  offsets = jnp.arange(-300, 301)
+  for buckets in (4, 6, 8, 10, 16, 32):
+    quarter, half = buckets // 4, buckets // 2
+    for distance in sorted({max(quarter - 1, 2), quarter, quarter + 1, half - 1, half, half + 1,
+                            half + 2, 4 * buckets} - {0, 1}):
+      cfg = base_config()
+      cfg.model.positional, cfg.model.t5_buckets, cfg.model.t5_max_distance = "t5", buckets, distance
+      try:
+        positions.check_config(cfg)
+        accepted = True
+      except ConfigError as e:
+        assert "where the decoder's exact buckets end" in str(e)
+        accepted = False
+      in_range = all(bool(((b >= 0) & (b < buckets)).all())
+                     for b in (relative_bucket(offsets, bidirectional, buckets, distance)
+                               for bidirectional in (True, False)))
+      assert accepted == in_range, (buckets, distance)
+  for buckets in (8, 32):  # the smallest distance accepted
+    options = (("t5_buckets", buckets), ("t5_max_distance", buckets // 2 + 1))
+    model = Transformer(tiny_model_config(vocab_size=VOCAB, positional="t5", max_len=48,
+                                          position_options=options))
+    params = init_params(model, seed=3, scale=2.0)
+    target = jnp.asarray(random_tokens(np.random.default_rng(2), 3, 40, VOCAB))
+    logits = model.apply({"params": params}, SOURCE, target)
+    assert bool(jnp.isfinite(logits).all()), buckets
+  cfg = base_config()
+  cfg.model.positional, cfg.model.t5_buckets, cfg.model.t5_max_distance = "t5", 8, 4
+  with pytest.raises(ConfigError, match=r"t5_max_distance \(4\) must be more than "
+                                        r"config.model.t5_buckets / 2 \(4\)"):
+    validate(cfg)
 
 
 def test_alibi_slopes_are_the_papers():

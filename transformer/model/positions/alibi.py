@@ -34,6 +34,7 @@ def distance_bias(slopes: np.ndarray, query_positions: jax.Array, key_positions:
 @register
 class ALiBi(PositionalEncoding):
   kind = "alibi"
+  not_in_ctranslate2 = "its decoder specification has ALiBi, but its encoder's has none"
 
   def prepare(self, query_positions: jax.Array, key_positions: jax.Array, causal: bool) -> jax.Array:
     return distance_bias(alibi_slopes(self.config.num_heads), query_positions, key_positions)
@@ -49,3 +50,4 @@ class ALiBi(PositionalEncoding):
     bias = -alibi_slopes(config.num_heads)[:, None] * np.abs(distances)[None, :]
     return {"alibi (fixed: encoder; the decoder's keys j <= i)": Drawing(
         bias, "head", f"key position - query position ({-(rows - 1)} .. {rows - 1})")}
+

@@ -68,6 +68,8 @@ class PositionalEncoding(nn.Module):
   config: Any  # model.transformer.ModelConfig
   kind: ClassVar[str]
   keys: ClassVar[tuple[Key, ...]] = ()
+  # Why CTranslate2 cannot hold the kind, for the export's refusal (kinds it holds define `export`).
+  not_in_ctranslate2: ClassVar[str] = "its model specification has no such kind"
 
   def embed(self, x: jax.Array, positions: jax.Array) -> jax.Array:
     """x [B, L, D], the token embeddings at `positions` [B, L], with position added (or not)."""
@@ -109,8 +111,8 @@ class PositionalEncoding(nn.Module):
   @classmethod
   def export(cls, config: Any, params: Any, encoder: Any, decoder: Any, rows: int) -> None:
     """Writes the kind into CTranslate2's encoder and decoder specs (made by `export_options`)."""
-    raise ConfigError(f"CTranslate2 cannot hold {cls.kind!r} positions (its model specification "
-                      "has no such kind); translate with transformer-translate instead")
+    raise ConfigError(f"CTranslate2 cannot hold {cls.kind!r} positions ({cls.not_in_ctranslate2}); "
+                      "translate with transformer-translate instead")
 
   @classmethod
   def export_options(cls, config: Any) -> tuple[dict[str, Any], dict[str, Any]]:

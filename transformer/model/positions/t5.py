@@ -84,9 +84,11 @@ class T5Bias(PositionalEncoding):
     if buckets % 2:
       raise ConfigError(f"config.model.t5_buckets must be even (the encoder's split between keys "
                         f"before and after the query), got {buckets}")
-    if distance <= buckets // 4:
+    if distance <= buckets // 2:  # the logarithmic buckets span exact .. max_distance
       raise ConfigError(f"config.model.t5_max_distance ({distance}) must be more than "
-                        f"config.model.t5_buckets / 4 ({buckets // 4}), where exact buckets end")
+                        f"config.model.t5_buckets / 2 ({buckets // 2}), where the decoder's exact "
+                        f"buckets end (the encoder's at t5_buckets / 4): at or below it, far "
+                        f"offsets fall outside the buckets")
 
   @classmethod
   def drawings(cls, config: Any, params: Any, rows: int) -> dict[str, Drawing]:
