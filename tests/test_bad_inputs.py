@@ -9,6 +9,7 @@ not changed.
 
 import concurrent.futures
 import dataclasses
+import json
 import shutil
 import subprocess
 import sys
@@ -34,11 +35,29 @@ def trained(tmp_path_factory):
   return cfg, tmp / "run"
 
 
+def grid_of(tmp, run, seeds=(0,), folder="copy", steps=None):
+  """A one-variant grid file, a base config file that is the run's config, and runs of it for
+  `seeds` in tmp/<folder>/base/seed<k>/ (config.json only, `steps` if given)."""
+  (tmp / "grid.py").write_text("from transformer.sweeps.grids import Grid, Variant\n"
+                               "def get_grid():\n  return Grid('one', [Variant('base')])\n")
+  (tmp / "base.py").write_text("import json, ml_collections\ndef get_config():\n  return "
+                               f"ml_collections.ConfigDict(json.load(open({str(run / 'config.json')!r})))\n")
+  for seed in seeds:
+    stored = json.loads((run / "config.json").read_text())
+    stored["seed"] = seed
+    if steps:
+      stored["train"]["steps"] = steps
+    (tmp / folder / "base" / f"seed{seed}").mkdir(parents=True)
+    (tmp / folder / "base" / f"seed{seed}" / "config.json").write_text(json.dumps(stored))
+
+
+GRID = ("{tmp}/grid.py", "--base={tmp}/base.py", "--seeds=1")
+
 PROGRAMS = {"training.train": "transformer-train", "evaluation.evaluate": "transformer-eval",
             "evaluation.translate": "transformer-translate", "visualisation.plot": "transformer-plot",
             "visualisation.attention_maps": "transformer-attention-maps",
             "evaluation.average": "transformer-average",
-            "accelerators.benchmark": "transformer-benchmark"}
+            "accelerators.benchmark": "transformer-benchmark", "sweeps.run": "transformer-experiment"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,6 +266,25 @@ CASES = {
         "evaluation.translate", ("--workdir={run}", "--score={tmp}/targets.de"),
         "2 source lines but 1 target lines", stdin=b"A dog.\nA cat.\n",
         prepare=lambda tmp, run: write_lines(tmp / "targets.de", ["Ein Hund."])),
+    # --------------------------------------------------------------------------------------- grids
+    "grid resumed with another base config": Case(
+        "sweeps.run", (*GRID, "--base.train.steps=5", "--root={tmp}/copy"),
+        "the grid's folder holds base seed 0 ({tmp}/copy/base/seed0) trained with another config "
+        "than this command's: train.steps: 6 -> 5", prepare=grid_of),
+    "grid resumed with fewer seeds": Case(
+        "sweeps.run", (*GRID, "--root={tmp}/copy"),
+        "the grid's folder {tmp}/copy holds runs this command leaves out of its tables: base/seed1 "
+        "(pass --seeds/--first_seed to include seed(s) 1)",
+        prepare=lambda tmp, run: grid_of(tmp, run, seeds=(0, 1))),
+    "grid record whose kept runs disagree": Case(
+        "sweeps.run", (*GRID, "--root={tmp}/copy/exp", "--record={tmp}/copy/record"),
+        "the grid's record holds base seed 0 ({tmp}/copy/record/runs/base/seed0) trained with "
+        "another config than this command's: train.steps: 4 -> 6",
+        prepare=lambda tmp, run: grid_of(tmp, run, folder="copy/record/runs", steps=4)),
+    "grid without a held-out test set": Case(
+        "sweeps.run", (*GRID, "--root={tmp}/copy", "--test_dir={tmp}"),
+        "6 test file(s) missing in {tmp}: test_2016_flickr.en.gz, test_2016_flickr.de.gz, ",
+        prepare=grid_of),
     # ------------------------------------------------------------------------- pictures of a run
     "plot a directory without metrics": Case("visualisation.plot", ("{tmp}", "--output={tmp}/c.png"),
                                              "no metrics.jsonl in {tmp}: pass the workdirs that "

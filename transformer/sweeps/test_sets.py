@@ -163,6 +163,8 @@ def held_out(test_dir: str | Path, src: str, tgt: str, check: bool = True
     if len(pair) == 2:
       found[name] = {"source_file": pair[0], "reference_file": pair[1]}
   if missing:
-    raise ConfigError(f"{len(missing)} test file(s) missing in {test_dir}; download them there "
-                      "(curl -LO URL):\n  " + "\n  ".join(missing))
+    folder = missing[0].rsplit("/", 1)[0]
+    names = ", ".join(url.rsplit("/", 1)[1] for url in missing)
+    raise ConfigError(f"{len(missing)} test file(s) missing in {test_dir}: {names}; download them "
+                      f"there from {folder}/ (curl -LO {folder}/NAME)")
   return found
