@@ -178,7 +178,10 @@ CASES = {
     "token cache with an empty index.npy": Case(
         "accelerators.benchmark", ("--config=configs/multi30k.py", "--input_pipeline",
                                    "--token_cache={tmp}/cache"),
-        "cannot read {tmp}/cache/index.npy (EOFError", prepare=lambda tmp, run: (
+        "the cache is corrupt; rebuild it with `python -m transformer.training.prepare "
+        "--config=configs/multi30k.py` (the config's training cache) or `python -m "
+        "transformer.data.standin --synthetic_ids --out={tmp}/cache --pairs=N` (a synthetic one)",
+        prepare=lambda tmp, run: (
             token_cache.from_pairs(tmp / "cache", [[5, 6]] * 10, [[7]] * 10),
             (tmp / "cache" / "index.npy").write_bytes(b""))),
     # ---------------------------------------------------------------------- an existing run (train)

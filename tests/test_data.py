@@ -155,15 +155,25 @@ def test_vocabulary_detokenizes_to_the_text_it_was_given(tmp_path):
     assert vocab.decode(vocab.encode(line)) == line
 
 
-def test_vocabularies_trained_alike_are_the_same_whatever_their_training_record(tmp_path):
-  """Two runs' seeds train their vocabularies apart, from the same sentences: the files differ
-  (each records its temporary path), the vocabularies do not, so the runs can be ensembled."""
+def test_a_vocabulary_trained_twice_is_the_same_file_with_the_pieces_sentencepiece_trains(
+    tmp_path, monkeypatch):
+  """Trained twice (two runs' seeds, two machines) from the same sentences: the same bytes, so the
+  token caches named by their hash keep their names. The pieces, scores and encodings are those of
+  SentencePiece's own file, which records its temporary path (what vocabularies written before
+  this had): comparing such files needs same_vocabulary, which leaves the record out."""
   text = sources.load_split(base_config().data, "validation")
   sentences = text.source + text.target
   a = vocab_lib.train_vocab(sentences, tmp_path / "a" / "v.model", 300)
-  b = vocab_lib.train_vocab(sentences, tmp_path / "b" / "v.model", 300)
-  assert a.serialized_model_proto() != b.serialized_model_proto()
-  assert vocab_lib.same_vocabulary(a, b)
+  vocab_lib.train_vocab(sentences, tmp_path / "b" / "v.model", 300)
+  assert (tmp_path / "a" / "v.model").read_bytes() == (tmp_path / "b" / "v.model").read_bytes()
+  with monkeypatch.context() as m:
+    m.setattr(vocab_lib, "reproducible", lambda model: model)
+    raw = vocab_lib.train_vocab(sentences, tmp_path / "raw" / "v.model", 300)
+  assert raw.serialized_model_proto() != a.serialized_model_proto()
+  assert vocab_lib.same_vocabulary(raw, a)
+  assert ([(raw.id_to_piece(i), raw.get_score(i)) for i in range(300)]
+          == [(a.id_to_piece(i), a.get_score(i)) for i in range(300)])
+  assert raw.encode(text.source[:50]) == a.encode(text.source[:50])
   assert not vocab_lib.same_vocabulary(a, vocab_lib.train_vocab(
       sentences[1:], tmp_path / "c" / "v.model", 300))
   assert not vocab_lib.same_vocabulary(a, vocab_lib.train_vocab(
@@ -171,12 +181,14 @@ def test_vocabularies_trained_alike_are_the_same_whatever_their_training_record(
 
 
 def test_without_a_usable_protobuf_vocabularies_are_compared_byte_for_byte(tmp_path, monkeypatch):
+  """The files then keep SentencePiece's training record (a warning says so), and two trainings
+  differ in bytes: compared byte for byte, they are called different, never wrongly the same."""
   text = sources.load_split(base_config().data, "validation")
-  a = vocab_lib.train_vocab(text.source, tmp_path / "a" / "v.model", 300)
-  b = vocab_lib.train_vocab(text.source, tmp_path / "b" / "v.model", 300)
   # The import fails (an attribute the package got from an earlier import would bypass sys.modules).
   monkeypatch.setitem(sys.modules, "sentencepiece.sentencepiece_model_pb2", None)
   monkeypatch.delattr(sentencepiece, "sentencepiece_model_pb2", raising=False)
+  a = vocab_lib.train_vocab(text.source, tmp_path / "a" / "v.model", 300)
+  b = vocab_lib.train_vocab(text.source, tmp_path / "b" / "v.model", 300)
   assert vocab_lib.same_vocabulary(a, vocab_lib.load_vocab(tmp_path / "a" / "v.model"))
   assert not vocab_lib.same_vocabulary(a, b)
 

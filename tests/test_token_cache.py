@@ -121,7 +121,8 @@ def damage_file(path, damage):
 @pytest.mark.parametrize("damage", DAMAGES)
 @pytest.mark.parametrize("name", CACHE_FILES)
 def test_every_damage_to_every_cache_file_is_rebuilt_or_a_one_line_error(tmp_path, small_vocab,
-                                                                         text, name, damage):
+                                                                         text, name, damage,
+                                                                         caplog):
   _, vocab_path = small_vocab
   data = files_config(tmp_path, text.source[:40], text.target[:40])
   open_source = lambda: sources.open_split(data, "train")
@@ -135,7 +136,9 @@ def test_every_damage_to_every_cache_file_is_rebuilt_or_a_one_line_error(tmp_pat
     cache_lib.TokenCache(directory, rebuild=rebuild)
   message = str(error.value)
   assert "\n" not in message and (rebuild in message or "rebuild" in message), message
-  rebuilt = cache_lib.open_or_build(data, "train", vocab_path, cache_lib.Filters(), open_source)
+  with caplog.at_level("WARNING", logger="transformer"):
+    rebuilt = cache_lib.open_or_build(data, "train", vocab_path, cache_lib.Filters(), open_source)
+  assert "Rebuilding the token cache: " in caplog.text  # a deleted meta.json too
   for i, (src, tgt) in zip((0, 39), expected):  # prepare and training rebuild it
     assert rebuilt.pair(i)[0].tolist() == src and rebuilt.pair(i)[1].tolist() == tgt
   assert sorted(p.name for p in directory.parent.iterdir()) == [directory.name]

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from absl import app, flags
 
+from transformer import stops
 from transformer.errors import EXIT_USER_ERROR, UserError
 from transformer.files import DISK_FULL, disk_problem, user_cache_dir
 
@@ -127,6 +128,7 @@ def run_program(program: str, main: Callable[[list[str]], None],
 
   def main_with_logging(argv: list[str]) -> None:
     setup_logging()
+    stops.install()
     if compilation_cache:
       use_compilation_cache(flags.FLAGS.compilation_cache)
     try:
@@ -145,6 +147,11 @@ def run_program(program: str, main: Callable[[list[str]], None],
     except KeyboardInterrupt:  # (training stops cleanly at the first Ctrl-C; this is the second)
       print(f"{program}: interrupted", file=sys.stderr)
       sys.exit(130)  # the shell's status for SIGINT
+    except stops.Stopped as e:
+      print(f"{program}: stopped by {e.signal_name} before it finished; what it had finished is "
+            "kept and nothing half-written is left: run the same command again to go on",
+            file=sys.stderr)
+      stops.exit_now(stops.EXIT_STOPPED)
   show_flags_in_help(main.__module__)
   app.run(main_with_logging, flags_parser=flags_parser(program))
 

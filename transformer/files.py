@@ -1,9 +1,16 @@
-"""Files written whole or not at all."""
+"""Files written whole or not at all, directories checked before long work, and locks that make
+processes preparing the same thing wait for each other."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
+import logging
 import os
+import socket
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from transformer.errors import UserError
@@ -24,13 +31,75 @@ def write_atomically(path: str | os.PathLike, data: str | bytes) -> None:
 
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # the errnos of a full disk or a spent quota
+NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)  # read-only, or not ours to write
+log = logging.getLogger("transformer")
 
 
 def disk_problem(error: OSError) -> str:
   """What an OSError from a write means for the user, in a few words and what to do."""
   if error.errno in DISK_FULL:
     return f"the disk is full ({error.strerror}); free space or write elsewhere"
+  if error.errno in NOT_WRITABLE:
+    return f"it cannot be written ({error.strerror}); write elsewhere"
   return f"{error.strerror or error}"
+
+
+def writable_directory(path: str | os.PathLike, setting: str) -> Path:
+  """`path`, created if missing and checked to take a file; else a UserError naming it and the
+  `setting` that moves it (a read-only or another user's directory)."""
+  path = Path(path)
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=path):
+      pass
+  except OSError as e:
+    if e.errno in DISK_FULL:
+      raise UserError(f"cannot write in {path}: the disk is full ({e.strerror}); free space or "
+                      f"point {setting} elsewhere") from None
+    raise UserError(f"cannot write in {path} ({e.strerror}): point {setting} at a directory "
+                    "this job can write, or make it writable") from None
+  return path
+
+
+@contextlib.contextmanager
+def exclusive(lock: str | os.PathLike, what: str) -> Iterator[None]:
+  """Holds an exclusive lock on the file `lock` (made beside what it guards, removed afterwards)
+  while the block runs: another process asking for it waits, saying for what and whom. An flock,
+  which Linux's NFS client turns into an NFS lock, so hosts sharing the disk wait for each other
+  too; on a file system without locks a warning says so and the block runs unguarded."""
+  lock = Path(lock)
+  while True:
+    f = open(lock, "a+")
+    try:
+      try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        log.info("Waiting for %s, which %s is making (lock: %s)", what, holder, lock)
+        fcntl.flock(f, fcntl.LOCK_EX)
+    except OSError as e:  # ENOLCK, EOPNOTSUPP: no locks on this file system
+      f.close()
+      lock.unlink(missing_ok=True)
+      log.warning("cannot lock %s (%s): processes making %s at once will each make it (the last "
+                  "one's is kept); make it once before starting several", lock, e.strerror, what)
+      yield
+      return
+    try:  # the holder before us removed the file: lock the one that is there now
+      if os.fstat(f.fileno()).st_ino == os.stat(lock).st_ino:
+        break
+    except FileNotFoundError:
+      pass
+    f.close()
+  try:
+    f.seek(0)
+    f.truncate()
+    f.write(f"{socket.gethostname()} pid {os.getpid()}\n")
+    f.flush()
+    yield
+  finally:
+    lock.unlink(missing_ok=True)  # while still held: a waiter then finds its file gone, retries
+    f.close()
 
 
 def user_cache_dir(kind: str) -> Path:

@@ -29,6 +29,7 @@ import contextlib
 import json
 import logging
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,6 +44,7 @@ from ml_collections import config_flags
 
 from transformer import partitioning
 from transformer.cli import (
+  config_path,
   define_distributed_flags,
   initialize_distributed,
   run_program,
@@ -473,12 +475,15 @@ def benchmark_input(cfg: ml_collections.ConfigDict, batches: int, workers: list[
   """What the config's training loader delivers on this host (input_benchmark.py): from the
   config's token cache (vocabulary and cache built first if missing), or from `token_cache`."""
   from transformer.data import input_benchmark, pipeline
+  from transformer.data import token_cache as cache_lib
   from transformer.data.loader import BatchSpec
-  from transformer.data.token_cache import TokenCache
   validate(cfg)
   subword = None
   if token_cache:
-    cache = TokenCache(token_cache, rebuild="the command that wrote it")
+    cache = cache_lib.TokenCache(token_cache, rebuild=(
+        f"`{cache_lib.rebuild_command(config_path(sys.argv))}` (the config's training cache) or "
+        f"`python -m transformer.data.standin --synthetic_ids --out={token_cache} --pairs=N` "
+        "(a synthetic one)"))
     check_cache_fits(cache, cfg.data, cfg.seed)
   else:
     text = pipeline.SplitText(cfg.data)

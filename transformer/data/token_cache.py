@@ -42,7 +42,8 @@ import numpy as np
 
 from transformer.data.sources import DataError, normalise_controls
 from transformer.data.workers import BrokenWorkers, worker_processes
-from transformer.files import DISK_FULL, user_cache_dir
+from transformer.errors import UserError
+from transformer.files import DISK_FULL, NOT_WRITABLE, exclusive, user_cache_dir, writable_directory
 from transformer.hardware import memory_mib, usable_cpus
 from transformer.tokens import EOS_ID
 
@@ -102,7 +103,7 @@ class TokenCache:
 
   def __init__(self, directory: str | os.PathLike, expect: str | None = None, rebuild: str = ""):
     self.directory = Path(directory)
-    how = f"; rebuild it with `{rebuild}`" if rebuild else "; delete it and build it again"
+    how = f"; rebuild it with {rebuild}" if rebuild else "; delete it and build it again"
     meta_path = self.directory / META_FILE
     if not meta_path.is_file():
       raise DataError(f"no token cache in {self.directory} (no {META_FILE}){how}")
@@ -239,6 +240,10 @@ def _chunks(source, filters: Filters, dtype: np.dtype) -> Iterator[tuple[int, tu
 
 def _failure(directory: Path, error: BaseException) -> DataError:
   """The one-line error of a build that failed for want of disk, or because a worker died."""
+  if isinstance(error, OSError) and error.errno in NOT_WRITABLE:
+    return DataError(f"cannot write the token cache {directory} ({error.strerror}): point "
+                     "config.data.token_cache_dir at a directory this job can write, or make "
+                     f"{directory.parent} writable")
   if isinstance(error, OSError):
     full = " (the disk is full)" if error.errno in DISK_FULL else ""
     return DataError(f"could not write the token cache {directory}{full}: {error}; nothing was "
@@ -553,11 +558,24 @@ def open_or_build(data, split: str, vocab_path: str | os.PathLike, filters: Filt
   directory = cache_dir(data, split, vocab_bytes, filters)
   expect = expected_fingerprint(data, split, vocab_bytes, filters)
   try:
-    return TokenCache(directory, expect=expect, rebuild=rebuild_command())
+    return TokenCache(directory, expect=expect, rebuild=f"`{rebuild_command()}`")
   except DataError as e:
     if not build_missing:
       raise
-    if (directory / META_FILE).exists():
-      log.warning("Rebuilding the token cache: %s", e)
-  return build(directory, open_source(), vocab_path, filters,
-               corpus_identity(data, split)[1], workers)
+    damage = e if directory.exists() else None  # a stale, damaged or half-deleted cache
+  try:
+    writable_directory(directory.parent, "config.data.token_cache_dir")
+  except UserError as e:
+    raise DataError(f"cannot build the token cache {directory.name}: {e}") from None
+  # Processes preparing the same corpus at once: the first builds it, the others wait and open it.
+  with exclusive(directory.with_name(f".{directory.name}.lock"), f"the token cache {directory.name}"):
+    try:
+      cache = TokenCache(directory, expect=expect)
+      log.info("Opened the token cache %s, which another process has just built", directory)
+      return cache
+    except DataError:
+      pass
+    if damage is not None:
+      log.warning("Rebuilding the token cache: %s", damage)
+    return build(directory, open_source(), vocab_path, filters,
+                 corpus_identity(data, split)[1], workers)

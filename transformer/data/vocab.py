@@ -23,7 +23,8 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import ml_collections
@@ -32,7 +33,7 @@ import sentencepiece as spm
 
 from transformer.data import sources
 from transformer.data.sources import DataError
-from transformer.files import user_cache_dir, write_atomically
+from transformer.files import exclusive, user_cache_dir, writable_directory, write_atomically
 from transformer.hardware import usable_cpus
 from transformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -42,34 +43,83 @@ VOCAB_FILE = "vocab.model"
 
 
 def train_vocab(sentences: Sequence[str], path: str | os.PathLike, vocab_size: int,
-                model_type: str = "bpe", normalization: str = "identity"
-                ) -> spm.SentencePieceProcessor:
+                model_type: str = "bpe", normalization: str = "identity",
+                setting: str = "config.data.vocab_cache_dir") -> spm.SentencePieceProcessor:
   """Trains a SentencePiece model on `sentences` with the `normalization` rule and saves it at
-  `path` (atomically)."""
+  `path` (atomically), without the record of how it was trained (`reproducible`): the same
+  sentences and settings give the same bytes on any machine. `setting` names what moves `path`
+  (in the error a read-only or full directory gives)."""
   path = Path(path)
   sample = [s for s in sentences if s.strip()]
   if not sample:
     raise DataError("cannot train a vocabulary: the training data has no non-empty lines")
-  path.parent.mkdir(parents=True, exist_ok=True)
+  writable_directory(path.parent, setting)
   with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
     prefix = Path(tmp) / "spm"
     try:
-      spm.SentencePieceTrainer.train(
+      _in_a_thread(lambda: spm.SentencePieceTrainer.train(
           sentence_iterator=iter(sample), model_prefix=str(prefix), vocab_size=vocab_size,
           model_type=model_type, character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID,
           bos_id=BOS_ID, unk_id=UNK_ID, num_threads=usable_cpus(), minloglevel=2,
           hard_vocab_limit=True, input_sentence_size=len(sample),
-          normalization_rule_name=normalization)
+          normalization_rule_name=normalization))
     except RuntimeError as e:
       if "output->Write" in str(e) or shutil.disk_usage(path.parent).free < 2**20:
         raise DataError(f"could not write the vocabulary in {path.parent}: the disk is full; free "
-                        "space or point config.data.vocab_cache_dir elsewhere") from None
+                        f"space or point {setting} elsewhere") from None
       raise DataError(f"SentencePiece could not build a vocabulary of {vocab_size} pieces "
                       f"({str(e).strip()}); lower config.data.vocab_size") from None
-    os.replace(prefix.with_suffix(".model"), path)  # concurrent runs never see a partial file
+    model = prefix.with_suffix(".model")
+    model.write_bytes(reproducible(model.read_bytes()))
+    os.replace(model, path)  # concurrent runs never see a partial file
   log.info("Trained a %d-piece %s vocabulary on %d sentences: %s", vocab_size, model_type,
            len(sample), path)
   return load_vocab(path)
+
+
+def _in_a_thread(train: Callable[[], None]) -> None:
+  """Runs `train` (SentencePiece's, which releases the GIL) in a thread while the main thread
+  waits in short steps, so a SIGTERM is handled at once (stops.py) rather than when SentencePiece
+  returns, tens of seconds later on WMT's sample; the abandoned thread ends with the process."""
+  failure: list[BaseException] = []
+
+  def target() -> None:
+    try:
+      train()
+    except BaseException as e:  # noqa: BLE001  (raised again in the main thread)
+      failure.append(e)
+  thread = threading.Thread(target=target, daemon=True, name="sentencepiece")
+  thread.start()
+  while thread.is_alive():
+    thread.join(0.2)
+  if failure:
+    raise failure[0]
+
+
+def reproducible(model: bytes) -> bytes:
+  """A SentencePiece model's bytes without the training record (`_TRAINING_RECORD`: the temporary
+  path, the thread count), serialised deterministically: a vocabulary trained twice on the same
+  sentences and settings is then the same file, and the token caches named by its hash keep their
+  names. The pieces, scores and every setting that decides the encoding are untouched. Unchanged
+  (with a warning) where SentencePiece's protobuf module cannot be read."""
+  proto_module = _model_proto()
+  if proto_module is None:
+    log.warning("cannot read SentencePiece models with this protobuf; the vocabulary file keeps "
+                "its training record (two trainings give different bytes)")
+    return model
+  proto = proto_module.ModelProto.FromString(model)
+  for field in _TRAINING_RECORD:
+    proto.trainer_spec.ClearField(field)
+  return proto.SerializeToString(deterministic=True)
+
+
+def _model_proto():
+  """SentencePiece's generated protobuf module, or None where this protobuf runtime refuses it."""
+  try:
+    from sentencepiece import sentencepiece_model_pb2
+  except Exception:  # ImportError, or protobuf's VersionError for an older runtime  # noqa: BLE001
+    return None
+  return sentencepiece_model_pb2
 
 
 def load_vocab(path: str | os.PathLike) -> spm.SentencePieceProcessor:
@@ -95,19 +145,12 @@ def same_vocabulary(a: spm.SentencePieceProcessor, b: spm.SentencePieceProcessor
   Reading the model needs SentencePiece's generated protobuf module, which refuses a protobuf
   runtime older than the one it was generated for; with such a runtime the files' bytes are
   compared instead (stricter: never calls two different vocabularies the same)."""
-  try:
-    from sentencepiece import sentencepiece_model_pb2
-  except Exception:  # ImportError, or protobuf's VersionError for an older runtime
+  if _model_proto() is None:
     log.warning("cannot read SentencePiece models with this protobuf; comparing vocabularies "
                 "byte for byte")
     return a.serialized_model_proto() == b.serialized_model_proto()
-
-  def essential(vocab: spm.SentencePieceProcessor) -> bytes:
-    proto = sentencepiece_model_pb2.ModelProto.FromString(vocab.serialized_model_proto())
-    for field in _TRAINING_RECORD:
-      proto.trainer_spec.ClearField(field)
-    return proto.SerializeToString(deterministic=True)
-  return essential(a) == essential(b)
+  return (reproducible(a.serialized_model_proto())
+          == reproducible(b.serialized_model_proto()))
 
 
 def load_run_vocab(workdir: str | os.PathLike, data: ml_collections.ConfigDict
@@ -177,8 +220,17 @@ def cached_vocab(data: ml_collections.ConfigDict, source, seed: int,
   cached = cached_vocab_path(data, seed, corpus_pairs)
   if cached.is_file():
     log.info("Reusing the cached vocabulary %s", cached)
-  else:
+    return cached
+  setting = "config.data.vocab_cache_dir"
+  writable_directory(cached.parent, setting)
+  # Processes preparing the same corpus at once (a grid's runs, hosts on one shared disk): the
+  # first trains it, the others wait and then reuse it.
+  with exclusive(cached.with_name(f".{cached.name}.lock"), f"the vocabulary {cached.name}"):
+    if cached.is_file():
+      log.info("Reusing the vocabulary %s, which another process has just trained", cached)
+      return cached
     source = source() if callable(source) else source
     sentences = sample_sentences(source, data.vocab_sample_sentences, seed)
-    train_vocab(sentences, cached, data.vocab_size, data.vocab_model_type, data.vocab_normalization)
+    train_vocab(sentences, cached, data.vocab_size, data.vocab_model_type, data.vocab_normalization,
+                setting)
   return cached

@@ -7,6 +7,11 @@ multiprocessing.Pool could hang for ever in its terminate() while its task threa
 sending a large task to workers that had stopped reading (a full disk in the writer did that).
 Workers are spawned, never forked: the parent may have JAX's threads. With one worker the tasks run
 in this process, where processes would cost more than they save.
+
+No worker outlives its parent, however the parent ends: a stop at SIGTERM shuts the executor down
+on the way out, and each worker also watches its parent (`_watch_parent`) and exits within a
+second of its death, a `kill -9` included (a worker blocked on its pipe would otherwise wait for
+ever, and keep multiprocessing's resource tracker alive with it).
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ import concurrent.futures
 import concurrent.futures.process
 import contextlib
 import multiprocessing
+import os
+import threading
+import time
 from collections.abc import Callable, Iterator
 
 BrokenWorkers = concurrent.futures.process.BrokenProcessPool
@@ -36,6 +44,22 @@ class InProcess(concurrent.futures.Executor):
     return map(fn, *iterables)
 
 
+PARENT_POLL_SECONDS = 0.5
+
+
+def _watch_parent(parent: int) -> None:
+  """Ends this worker as soon as its parent is gone (it is then reparented: getppid changes)."""
+  while os.getppid() == parent:
+    time.sleep(PARENT_POLL_SECONDS)
+  os._exit(1)
+
+
+def _start_worker(parent: int, initializer: Callable[..., None], initargs: tuple) -> None:
+  threading.Thread(target=_watch_parent, args=(parent,), daemon=True,
+                   name="watch-parent").start()
+  initializer(*initargs)
+
+
 @contextlib.contextmanager
 def worker_processes(workers: int, initializer: Callable[..., None], initargs: tuple = ()
                      ) -> Iterator[concurrent.futures.Executor]:
@@ -45,8 +69,8 @@ def worker_processes(workers: int, initializer: Callable[..., None], initargs: t
     yield InProcess()
     return
   executor = concurrent.futures.ProcessPoolExecutor(
-      workers, mp_context=multiprocessing.get_context("spawn"), initializer=initializer,
-      initargs=initargs)
+      workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
+      initargs=(os.getpid(), initializer, initargs))
   try:
     yield executor
   finally:

@@ -1,0 +1,53 @@
+"""SIGTERM and SIGHUP outside the training loop: a clean stop, not a kill.
+
+A cluster ends a job with SIGTERM (SLURM at its time limit, Kubernetes at eviction, a TPU VM at
+preemption) and a closed terminal sends SIGHUP. Python's default for both is to die on the spot,
+which leaves a half-built cache and its worker processes behind. `cli.run_program` installs
+`raise_stopped` for both instead: the signal becomes a `Stopped` exception in the main thread, so
+every `with` block on the way out runs (a partial token cache is removed, worker processes are shut
+down) and the program ends with one line and EXIT_STOPPED, the status the trainer uses when it stops
+at a signal with a checkpoint. The training loop replaces these handlers with its own while it runs
+(training/preemption.py: it finishes the step and saves first).
+
+`Stopped` derives from BaseException, like KeyboardInterrupt, so `except Exception` never swallows it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import types
+
+EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped before the end; the same command again goes on
+SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(BaseException):
+  """The program was asked to stop (SIGTERM, SIGHUP) before it finished."""
+
+  def __init__(self, signal_name: str):
+    super().__init__(signal_name)
+    self.signal_name = signal_name
+
+
+def raise_stopped(signum: int, frame: types.FrameType | None) -> None:
+  raise Stopped(signal.Signals(signum).name)
+
+
+def install() -> None:
+  """Makes SIGTERM and SIGHUP raise `Stopped` in the main thread (where Python runs handlers)."""
+  if threading.current_thread() is threading.main_thread():
+    for sig in SIGNALS:
+      signal.signal(sig, raise_stopped)
+
+
+def exit_now(status: int) -> None:
+  """Ends the process at once, its output flushed: the `with` blocks have cleaned up, and a thread
+  still inside native code (SentencePiece's trainer) would abort the interpreter's finalisation."""
+  logging.shutdown()
+  for stream in (sys.stdout, sys.stderr):
+    stream.flush()
+  os._exit(status)
