@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from helpers import cli_overrides, run_cli, tiny_run_config
 
-from transformer import hardware
+from transformer import hardware, version
 from transformer.evaluation.evaluate import evaluate
 from transformer.metrics import read_metrics
 from transformer.training.train import train_and_evaluate
@@ -102,6 +102,7 @@ def test_train_resume_and_evaluate(tmp_path):
   starts = read_metrics(workdir, "start")
   assert [r["step"] for r in starts] == [0, 6]
   assert all(r["machine"].startswith(hardware.cpu_id() + ", ") for r in starts)
+  assert {r["commit"] for r in starts} == {version.commit()}  # and the code that trained it
   finished = cfg.copy_and_resolve_references()
   finished.train.steps = 8
   assert train_and_evaluate(finished, str(workdir))["resumed_from"] == 8

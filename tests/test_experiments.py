@@ -17,7 +17,7 @@ import pytest
 import sacrebleu
 from helpers import REPO, tiny_run_config
 
-from transformer import hardware
+from transformer import hardware, version
 from transformer.config import ConfigError, base_config
 from transformer.data import sources
 from transformer.evaluation import bleu as bleu_lib
@@ -340,6 +340,7 @@ def check_results(root, long_info):
     assert float(row["long_bleu"]) == pytest.approx(report["sacrebleu"]["bleu"])
     assert report["sacrebleu"]["lines"] == long_info["sentences"]
     assert float(row["dev_ppl"]) > 1
+    assert row["commit"] == version.commit()  # the code that trained it, in its row
   return rows
 
 

@@ -14,11 +14,11 @@ import logging
 import platform
 import shlex
 import shutil
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from transformer import version
 from transformer.hardware import cpu_id
 
 log = logging.getLogger("transformer")
@@ -26,19 +26,9 @@ TEXT_SUFFIXES = {".md", ".csv", ".sh", ".json", ".txt", ".jsonl"}
 
 
 def commit(record_folder: Path | None = None) -> str:
-  """The repository's commit, '+ uncommitted changes' when tracked files differ from it. Files in
-  `record_folder` do not count: recording rewrites them, and they are the record, not the code."""
-  def git(*args: str) -> str:
-    return subprocess.run(["git", *args], capture_output=True, text=True, check=False).stdout
-  head = git("rev-parse", "--short=12", "HEAD").strip()
-  if not head:
-    return "unknown (not a git checkout)"
-  changed = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]
-  if record_folder is not None:
-    top, folder = Path(git("rev-parse", "--show-toplevel").strip()), Path(record_folder).resolve()
-    if folder.is_relative_to(top):
-      changed = [path for path in changed if not Path(path).is_relative_to(folder.relative_to(top))]
-  return head + (" + uncommitted changes" if changed else "")
+  """The commit of the repository in the working directory (version.commit), the files of
+  `record_folder` aside."""
+  return version.commit(record_folder, Path.cwd())
 
 
 def provenance(command: Sequence[str], wall_seconds: float,

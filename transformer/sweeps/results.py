@@ -76,6 +76,13 @@ def trained_on(records: Sequence[dict[str, Any]]) -> str | None:
   return " + ".join(labels) or None
 
 
+def trained_at(records: Sequence[dict[str, Any]]) -> str | None:
+  """The commit(s) of the code that trained a run, from its 'start' records, joined by ' + ' where
+  a resumed run changed code; None for runs from before these records said."""
+  commits = dict.fromkeys(r["commit"] for r in records if r["event"] == "start" and "commit" in r)
+  return " + ".join(commits) or None
+
+
 def other_machine(row: dict[str, Any]) -> bool:
   """Whether a row's run and its base are known to have been trained on different machines."""
   return bool(row.get("machine") and row.get("base_machine")
@@ -100,6 +107,7 @@ def collect(runs: Sequence[Any]) -> list[dict[str, Any]]:
     summaries = [r for r in records if r["event"] == "summary"]
     row["params"] = summaries[-1]["parameters"] if summaries else analytic_param_count(model)
     row["machine"] = trained_on(records)
+    row["commit"] = trained_at(records)
     row["steps_done"] = trained_steps(run.workdir) or recorded_steps(run.workdir)  # or a restored run's
     row["finished"] = row["steps_done"] >= cfg.train.steps
     clock = training_clock([r for r in records if r["event"] == "train"])

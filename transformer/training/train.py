@@ -41,7 +41,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import hardware, partitioning, progress
+from transformer import hardware, partitioning, progress, version
 from transformer.cli import (
   define_distributed_flags,
   define_progress_flag,
@@ -232,7 +232,7 @@ def _write_and_train(run: Run, changed: list[str]) -> dict[str, Any]:
     if start < cfg.train.steps:  # which machine trains which steps (none: nothing to record)
       trained_on = hardware.describe()
       log.info("Machine: %s", trained_on["machine"])
-      writer.write("start", start, **trained_on)
+      writer.write("start", start, **trained_on, commit=version.commit())
     return _Loop(run, mngr, stop, writer, bar, n_params, compiling).train()
 
 
