@@ -1,9 +1,10 @@
-"""The package's floor plan: imports flow one way between its groups, with no cycle.
+"""The package's floor plan: imports flow one way between its groups, and no module imports itself
+through others (function-level imports included).
 
 Groups, lowest first. A module may import its own group and any group below it, never one above:
 
-  foundations   errors, tokens, files, hardware, host_memory, cli, metrics, progress, partitioning,
-                distributed (the top-level modules other than config)
+  foundations   errors, tokens, keys, files, hardware, host_memory, stops, version, cli, metrics,
+                progress, partitioning, distributed (the top-level modules other than config)
   model, data   the network; corpora, vocabularies, token caches and batches
   decoding      searches, the translator, MBR (uses the model and data's batching)
   config        every key's default and the checks (knows the model's, data's and decoding's choices)
@@ -73,3 +74,43 @@ def test_the_check_sees_a_violation(tmp_path):
   (tmp_path / "training" / "step.py").write_text("from transformer.model import net\n")
   (tmp_path / "model" / "net.py").write_text("from transformer.training.step import loss\n")
   assert upward_imports(tmp_path) == [("transformer.model.net", "transformer.training.step")]
+
+
+def import_cycles(package: Path = PACKAGE) -> list[list[str]]:
+  """Every cycle of imports between the package's modules, function-level imports included (a
+  package's __init__ is the package)."""
+  graph: dict[str, set[str]] = {}
+  for a, b in imports(package):
+    a = a.removesuffix(".__init__")
+    if a != b:
+      graph.setdefault(a, set()).add(b)
+  cycles, state, path = [], {}, []
+
+  def visit(module: str) -> None:
+    state[module], path[len(path):] = "open", [module]
+    for other in sorted(graph.get(module, ())):
+      if state.get(other) == "open":
+        cycles.append(path[path.index(other):] + [other])
+      elif other not in state:
+        visit(other)
+    path.pop()
+    state[module] = "done"
+  for module in sorted(graph):
+    if module not in state:
+      visit(module)
+  return cycles
+
+
+def test_no_module_imports_itself_through_others_even_inside_a_function():
+  cycles = import_cycles()
+  assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_sees_a_hidden_cycle(tmp_path):
+  """A function-level import that closes a cycle, planted in a copy of the layout, is found."""
+  (tmp_path / "model").mkdir()
+  (tmp_path / "model" / "__init__.py").write_text("")
+  (tmp_path / "model" / "net.py").write_text("from transformer.model import kinds\n")
+  (tmp_path / "model" / "kinds.py").write_text("def f():\n  from transformer.model.net import g\n")
+  assert import_cycles(tmp_path) == [["transformer.model.kinds", "transformer.model.net",
+                                      "transformer.model.kinds"]]

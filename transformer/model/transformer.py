@@ -20,7 +20,6 @@ Speed options, all off or automatic by default: attention through `jax.nn.dot_pr
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -28,66 +27,15 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from transformer import partitioning
 from transformer.model import kv_cache
 from transformer.model import positions as positional
 from transformer.model.attention import SEQUENCE, Keys, attention, attention_kernel
+from transformer.model.config import ModelConfig, layer_params  # noqa: F401  (re-exported)
 from transformer.model.low_precision import low_precision_dot_general
 from transformer.model.vocab_projection import SEARCH_MATRIX, output_logits, search_logits
 from transformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401  (re-exported)
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  """Static model hyper-parameters (hashable, so jit can treat the model as a constant): a run
-  config's `model` section (transformer/config.py documents each key and its default) and the
-  vocabulary size. Build it with `from_config`."""
-  vocab_size: int
-  num_layers: int
-  d_model: int
-  d_ff: int
-  num_heads: int
-  d_k: int  # per-head query/key width; 0 = d_model / num_heads
-  d_v: int  # per-head value width; 0 = d_model / num_heads
-  dropout: float
-  attention_dropout: float
-  positional: str
-  norm: str
-  share_embeddings: bool
-  max_len: int
-  dtype: Any
-  attention: str  # 'auto' | 'xla' | 'cudnn' | 'reference' (see attention_kernel)
-  remat: str      # 'none' | 'full' | 'dots': what the backward pass recomputes per layer
-  scan_layers: bool
-  matmul_dtype: Any = None  # bf16: the products' inputs in it, sums not (training or decoding)
-  vocab_matmul_dtype: Any = None  # the same for the projection onto the vocabulary alone (decoding)
-  decoder_layers: int = 0   # 0 = num_layers, the paper's N for both stacks
-  position_options: tuple[tuple[str, Any], ...] = ()  # the kinds' own keys (positions.option)
-
-  @property
-  def num_decoder_layers(self) -> int:
-    return self.decoder_layers or self.num_layers
-
-  @classmethod
-  def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
-    """Builds the model config from a run config's `model` section and the vocabulary size."""
-    fields = {f.name for f in dataclasses.fields(cls)} - {"vocab_size", "dtype", "matmul_dtype",
-                                                          "vocab_matmul_dtype", "position_options"}
-    options = tuple((key.name, model[key.name]) for key in positional.all_keys() if key.name in model)
-    return cls(vocab_size=vocab_size, dtype=jnp.dtype(model.dtype),
-               matmul_dtype=None if model.matmul_dtype == "float32" else jnp.dtype(model.matmul_dtype),
-               position_options=options, **{name: model[name] for name in fields})
-
-  @property
-  def key_dim(self) -> int:
-    return self.d_k or self.d_model // self.num_heads
-
-  @property
-  def value_dim(self) -> int:
-    return self.d_v or self.d_model // self.num_heads
-
 
 # --------------------------------------------------------------------------------------------- masks
 
@@ -311,13 +259,6 @@ def stack_layers(config: ModelConfig, num_layers: int, layer: type[nn.Module], x
                  metadata_params={nn.PARTITION_NAME: "layers"})
   x, _ = scan(layer(config, **layer_kwargs, name="layers"), x, *args)
   return x
-
-
-def layer_params(stack: dict[str, Any], i: int) -> dict[str, Any]:
-  """Layer i's parameters of a stack's, unrolled ('layer_i') or scanned (stacked under 'layers')."""
-  if "layers" in stack:
-    return jax.tree.map(lambda x: x[i], stack["layers"])
-  return stack[f"layer_{i}"]
 
 
 def embed_tokens(config: ModelConfig, embed: nn.Embed, tokens: jax.Array) -> jax.Array:

@@ -34,6 +34,7 @@ import numpy as np
 
 from transformer.errors import ConfigError
 from transformer.keys import Key, integer_key, positive_number_key  # noqa: F401  (kinds' keys)
+from transformer.model.config import ModelConfig
 
 _KINDS: dict[str, type[PositionalEncoding]] = {}
 
@@ -176,7 +177,6 @@ def check_config(cfg: ml_collections.ConfigDict) -> None:
             f"positional is {kind.kind!r}; drop the override or set "
             f"--config.model.positional={other}")
   kind.check(cfg)
-  from transformer.model.transformer import ModelConfig  # noqa: PLC0415  (the model imports us)
   longest = kind.longest(ModelConfig.from_config(cfg.model, cfg.data.vocab_size))
   if longest is not None and longest < cfg.data.max_len:
     raise ConfigError(f"{kind.kind!r} positions reach {longest} positions (config.model.max_len), "

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer.model.config import layer_params
 from transformer.model.positions.base import (
   Drawing,
   PositionalEncoding,
@@ -36,7 +37,6 @@ def clipped_offsets(query_positions: jax.Array, key_positions: jax.Array, clip: 
 
 
 def _self_attention(params: Any, stack: str, layer: int) -> Any:
-  from transformer.model.transformer import layer_params  # noqa: PLC0415  (the model imports us)
   return layer_params(params[stack], layer)["self_attention"]
 
 
