@@ -875,3 +875,25 @@ def test_a_grid_refuses_runs_of_another_config_or_left_out_of_its_tables(tmp_pat
     consistency.check(runs, "g", root, record)
   assert "the grid's record holds learned seed 0" in str(error.value)
   assert "model.positional: 'sinusoidal' -> 'learned'" in str(error.value)
+
+
+def test_the_wall_time_split_sums_every_training_process_and_the_evaluations(tmp_path):
+  from experiments.analyses import wall_time
+  run = tmp_path / "run"
+  (run / "eval").mkdir(parents=True)
+  writer = MetricWriter(run)
+  parts = {"compile_sec": 30.0, "validation_sec": 10.0, "checkpoint_sec": 2.0,
+           "data_wait_sec": 1.0, "steps_sec": 500.0, "startup_sec": 7.0}
+  writer.write("summary", 100, steps=100, resumed_from=0, **parts)
+  writer.write("summary", 300, steps=300, resumed_from=100, **{k: 2 * v for k, v in parts.items()})
+  writer.close()
+  for name, seconds in (("validation_step300.json", 40.0), ("long_step300_ema.json", 20.0)):
+    (run / "eval" / name).write_text(json.dumps({"total_sec": seconds}))
+  found = wall_time.split(run)
+  assert found == {"steps": 1500.0, "compiling": 90.0, "validation": 30.0, "checkpoints": 6.0,
+                   "data wait": 3.0, "start-up": 21.0, "steps trained": 300, "evaluation": 60.0}
+  text = wall_time.table({"run": found})
+  wall = sum(v for k, v in found.items() if k != "steps trained")
+  assert f"| run | 300 | {wall / 60:.1f} min | 25.0 min ({1500 / wall:.1%}) |" in text
+  assert text.splitlines()[-1].startswith("| all | 300 |")
+  assert wall_time.split(tmp_path) is None  # no metrics: skipped
