@@ -9,7 +9,9 @@ import pytest
 from helpers import tiny_run_config
 
 from transformer.accelerators import benchmark as benchmark_lib
-from transformer.accelerators.benchmark import benchmark, benchmark_input, decode_workload, spread
+from transformer.accelerators.benchmark import benchmark, spread
+from transformer.accelerators.decode_benchmark import decode_workload
+from transformer.accelerators.loader_benchmark import benchmark_input
 from transformer.data.pipeline import training_inputs
 from transformer.hardware import table_peak
 from transformer.model.size import training_flops_per_target_token

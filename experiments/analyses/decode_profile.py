@@ -26,7 +26,7 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from transformer.accelerators.benchmark import synthetic_workload
+from transformer.accelerators.decode_benchmark import synthetic_workload
 from transformer.accelerators.op_trace import concurrency, op_times, print_breakdown, traced_ops
 from transformer.cli import run_program
 from transformer.data import sources

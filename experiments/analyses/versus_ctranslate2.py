@@ -56,7 +56,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from transformer import partitioning  # noqa: E402
-from transformer.accelerators.benchmark import decode_workload, synthetic_workload  # noqa: E402
+from transformer.accelerators.decode_benchmark import decode_workload, synthetic_workload  # noqa: E402
 from transformer.data import sources  # noqa: E402
 from transformer.decoding import translator
 from transformer.evaluation import export

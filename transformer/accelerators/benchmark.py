@@ -29,7 +29,6 @@ import contextlib
 import json
 import logging
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,19 +42,17 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from transformer import partitioning
+from transformer.accelerators.decode_benchmark import benchmark_decode
+from transformer.accelerators.loader_benchmark import benchmark_input
 from transformer.cli import (
-  config_path,
   define_distributed_flags,
   initialize_distributed,
   run_program,
 )
 from transformer.config import validate
-from transformer.data import batching, sources
-from transformer.data import vocab as vocab_lib
+from transformer.data import batching
 from transformer.data.pipeline import training_inputs
 from transformer.data.sources import DataError
-from transformer.decoding import textbook as reference
-from transformer.decoding import translator
 from transformer.hardware import table_peak
 from transformer.model.size import training_flops_per_target_token
 from transformer.model.transformer import EOS_ID, PAD_ID, ModelConfig, Transformer
@@ -355,147 +352,6 @@ def benchmark_checkpoint(holder: dict[str, Any], one_step, saves: int,
           "checkpoint_blocking_sec_max": max(blocking),
           "checkpoint_write_sec_median": statistics.median(write),
           "step_sec_during_checkpoint_write_median": statistics.median(during)}
-
-
-def decode_workload(cfg: ml_collections.ConfigDict, vocab_size: int, sentences: int, seq_len: int
-                    ) -> tuple[list[list[int]], list[int], str]:
-  """Source ids and output lengths to decode, and where they come from: the config's evaluation
-  sentences tokenized with its cached vocabulary, each decoded to its reference's length; or, where
-  that data is not on this machine, synthetic sources of seq_len/2 .. 3*seq_len/2 tokens decoded to
-  their own length (seeded, so every run does the same work)."""
-  try:
-    text = sources.load_split(cfg.data, cfg.data.eval_split)
-    vocab = vocab_lib.load_vocab(vocab_lib.cached_vocab(
-        cfg.data, sources.open_split(cfg.data, cfg.data.train_split), cfg.seed))
-  except DataError as e:
-    log.info("Decoding synthetic sentences: %s", e)
-  else:
-    count = len(text) if sentences < 0 else min(sentences, len(text))
-    src = [vocab.encode(s)[:cfg.data.max_len - 1] + [EOS_ID] for s in text.source[:count]]
-    lengths = [min(len(vocab.encode(t)) + 1, len(s) + cfg.decode.max_extra_len)
-               for s, t in zip(src, text.target[:count])]
-    return src, lengths, f"{text.name}, first {count} sentences, reference lengths"
-  return synthetic_workload(1000 if sentences < 0 else sentences, seq_len, vocab_size)
-
-
-def synthetic_workload(count: int, seq_len: int, vocab_size: int
-                       ) -> tuple[list[list[int]], list[int], str]:
-  """`count` seeded sources of seq_len/2 .. 3*seq_len/2 random tokens (EOS last), each to be
-  decoded to its own length."""
-  rng = np.random.default_rng(2)
-  lengths = rng.integers(max(2, seq_len // 2), seq_len * 3 // 2 + 1, count).tolist()
-  src = [rng.integers(4, vocab_size, n - 1).tolist() + [EOS_ID] for n in lengths]
-  return src, lengths, f"synthetic: {count} sentences of {min(lengths)}-{max(lengths)} tokens"
-
-
-def benchmark_decode(cfg: ml_collections.ConfigDict, model: Transformer, params: Any, seq_len: int,
-                     sentences: int, beams: list[int], reference_sentences: int = 0
-                     ) -> dict[str, Any]:
-  """Decoding as the evaluation program runs it (translator.search_ids: length buckets, batches of
-  decode.tokens_per_batch source tokens, decode.alpha), once per beam size in `beams` (1 = greedy).
-
-  Every hypothesis is decoded to a realistic length (decode_workload) whatever the (untrained)
-  parameters: EOS is forbidden before it and forced there, so every run does the same work.
-  transformer-eval reports the speed of a trained model, which also stops early. With
-  `reference_sentences`, that many of the beam search's results are checked against
-  reference.beam_search (`against_reference`).
-  """
-  src, lengths, origin = decode_workload(cfg, model.config.vocab_size, sentences, seq_len)
-  result: dict[str, Any] = {"decode_data": origin, "decode_sentences": len(src),
-                            "decode_mean_source_len": float(np.mean([len(s) for s in src])),
-                            "decode_mean_output_len": float(np.mean(lengths))}
-  for beam in beams:
-    log.info("Decoding %d sentences with %s (%s)", len(src),
-             "greedy search" if beam == 1 else f"beam {beam}", origin)
-    settings = translator.SearchSettings.from_config(cfg, beam_size=beam)
-    found, stats = translator.search_ids(model, params, src, settings, cfg.data.max_len,
-                                         output_lengths=lengths)
-    result.update({f"decode_beam{beam}_sentences_per_sec": stats["sentences_per_sec"],
-                   f"decode_beam{beam}_target_tokens_per_sec": stats["target_tokens_per_sec"],
-                   f"decode_beam{beam}_sec": stats["decode_sec"],
-                   f"decode_beam{beam}_compile_sec": stats["compile_sec"]})
-    if reference_sentences and beam == max(beams):
-      result.update(against_reference(model, params, src, lengths, found, settings,
-                                      reference_sentences))
-  return result
-
-
-def against_reference(model: Transformer, params: Any, src: list[list[int]], lengths: list[int],
-                      found: list, settings: translator.SearchSettings, count: int
-                      ) -> dict[str, Any]:
-  """The fast search's best hypotheses and scores beside reference.beam_search's (full forward
-  passes, no cache) on the first `count` sentences of the workload, decoded to the same lengths."""
-  same, worst, t = 0, 0.0, time.perf_counter()
-  count = min(count, len(src))
-  for i in range(count):
-    expected = reference.beam_search(model, params, np.asarray(src[i]), lengths[i],
-                                     settings.beam_size, settings.alpha, min_len=lengths[i] - 1)
-    tokens, score, _ = found[i][0]
-    same += tuple(tokens) == expected[0][0]
-    worst = max(worst, abs(score - expected[0][1]))
-  if same < count or worst > 1e-5:
-    log.warning("The fast search differs from the reference: %d of %d hypotheses the same, "
-                "largest score difference %.2e", same, count, worst)
-  return {"reference_sentences": count, "reference_same_hypotheses": same,
-          "reference_max_score_difference": worst,
-          "reference_sec": time.perf_counter() - t}
-
-
-def check_cache_fits(cache, data: ml_collections.ConfigDict, seed: int) -> None:
-  """Raises DataError where a token cache named on the command line is not the config's: another
-  vocabulary size or max_len, or (when the config's vocabulary is built) another fingerprint. A
-  synthetic cache (random ids) has no corpus or vocabulary to compare beyond those."""
-  from transformer.data import pipeline
-  from transformer.data import token_cache as cache_lib
-  meta = cache.meta
-  built_for = (int(meta.get("vocab_size", -1)), int(meta.get("filters", {}).get("max_len", -1)))
-  if built_for != (data.vocab_size, data.max_len):
-    raise sources.DataError(
-        f"the token cache {cache.directory} was built for a vocabulary of {built_for[0]} pieces "
-        f"and max_len {built_for[1]}, the config has {data.vocab_size} and {data.max_len}: pass "
-        "the config it was built for, or build the config's own (without --token_cache)")
-  if meta.get("corpus") == "synthetic":
-    return
-  pairs = cache_lib.recorded_pairs(data, data.train_split)
-  vocab_path = None if pairs is None else vocab_lib.cached_vocab_path(data, seed, pairs)
-  if vocab_path is None or not vocab_path.is_file():
-    return  # the config's vocabulary is not built here: nothing more to compare with
-  expect = cache_lib.expected_fingerprint(data, data.train_split, vocab_path.read_bytes(),
-                                          pipeline.split_filters(data, data.train_split))
-  if cache.fingerprint != expect:
-    raise sources.DataError(
-        f"the token cache {cache.directory} was built from other data, another vocabulary or "
-        f"other filters than the config's training split (fingerprint {cache.fingerprint}, "
-        f"expected {expect}); pass the config it was built for, or leave out --token_cache")
-
-
-def benchmark_input(cfg: ml_collections.ConfigDict, batches: int, workers: list[int],
-                    stub_step_ms: list[float], stub_steps: int, token_cache: str | None = None,
-                    busy: int = 0) -> dict[str, Any]:
-  """What the config's training loader delivers on this host (input_benchmark.py): from the
-  config's token cache (vocabulary and cache built first if missing), or from `token_cache`."""
-  from transformer.data import input_benchmark, pipeline
-  from transformer.data import token_cache as cache_lib
-  from transformer.data.loader import BatchSpec
-  validate(cfg)
-  subword = None
-  if token_cache:
-    cache = cache_lib.TokenCache(token_cache, rebuild=(
-        f"`{cache_lib.rebuild_command(config_path(sys.argv))}` (the config's training cache) or "
-        f"`python -m transformer.data.standin --synthetic_ids --out={token_cache} --pairs=N` "
-        "(a synthetic one)"))
-    check_cache_fits(cache, cfg.data, cfg.seed)
-  else:
-    text = pipeline.SplitText(cfg.data)
-    text.check()
-    vocab_path = pipeline.prepared_vocabulary(cfg.data, cfg.seed, text)
-    cache = pipeline.split_cache(cfg.data, cfg.data.train_split, vocab_path, text=text)
-    if cfg.data.subword_dropout:
-      subword = {"data": cfg.data.to_dict(), "split": cfg.data.train_split,
-                 "vocab": str(vocab_path), "alpha": cfg.data.subword_dropout}
-  spec = BatchSpec.for_training(cfg, jax.device_count())
-  return input_benchmark.run(cache, spec, cfg.seed, batches, workers, stub_step_ms, stub_steps,
-                             subword, busy)
 
 
 def main(argv: list[str]) -> None:
