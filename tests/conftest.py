@@ -27,18 +27,34 @@ def rng():
   return np.random.default_rng(0)
 
 
-@pytest.fixture
-def small_filesystem(tmp_path):
-  """A real 2 MB filesystem (a tmpfs) mounted in tmp_path: needs root, skipped elsewhere."""
+def mounted_tmpfs(mount, size: str, read_only_dirs=None):
+  """A real filesystem of `size` (a tmpfs) mounted at `mount`, made read-only after creating
+  `read_only_dirs` in it where those are given; yields it, unmounts it. Needs root: skipped
+  elsewhere."""
   import subprocess
-  mount = tmp_path / "small"
   mount.mkdir()
-  done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+  done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
                         capture_output=True)
   if done.returncode:
-    pytest.skip(f"cannot mount a small filesystem here: {done.stderr.decode().strip()}")
+    pytest.skip(f"cannot mount a filesystem here: {done.stderr.decode().strip()}")
+  if read_only_dirs is not None:
+    for name in read_only_dirs:
+      (mount / name).mkdir()
+    subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
   yield mount
   subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+  """A real 2 MB filesystem mounted in tmp_path (root only, else skipped)."""
+  yield from mounted_tmpfs(tmp_path / "small", "2m")
+
+
+@pytest.fixture
+def read_only_filesystem(tmp_path):
+  """A read-only filesystem mounted in tmp_path, holding an empty directory 'existing'."""
+  yield from mounted_tmpfs(tmp_path / "ro", "1m", read_only_dirs=["existing"])
 
 
 @pytest.fixture(scope="session")

@@ -94,21 +94,6 @@ def test_a_worker_watches_its_parent_and_exits_when_it_is_gone():
 
 # ----------------------------------------------------------------- read-only cache directories
 
-@pytest.fixture
-def read_only_filesystem(tmp_path):
-  """A tmpfs mounted read-only in tmp_path, holding an empty directory 'existing': needs root."""
-  mount = tmp_path / "ro"
-  mount.mkdir()
-  done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
-                        capture_output=True)
-  if done.returncode:
-    pytest.skip(f"cannot mount a filesystem here: {done.stderr.decode().strip()}")
-  (mount / "existing").mkdir()
-  subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
-  yield mount
-  subprocess.run(["umount", str(mount)], check=True)
-
-
 def never_opened():
   raise AssertionError("the corpus was opened before the directory was checked")
 

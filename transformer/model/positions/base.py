@@ -25,6 +25,7 @@ the tests ask the registry, so nothing else names a kind.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from typing import Any, ClassVar, NamedTuple
 
 import flax.linen as nn
@@ -123,6 +124,14 @@ class PositionalEncoding(nn.Module):
   @classmethod
   def check(cls, cfg: ml_collections.ConfigDict) -> None:
     """Raises ConfigError where a run config cannot work with this kind (beyond its keys' checks)."""
+
+
+def ctranslate2_layers(encoder: Any, decoder: Any) -> Iterator[tuple[str, int, Any]]:
+  """(stack, layer number, layer spec) of every layer of CTranslate2's encoder and decoder specs:
+  what a kind that acts in each self-attention layer fills in (`export`)."""
+  for spec, stack in ((encoder, "encoder"), (decoder, "decoder")):
+    for i, layer in enumerate(spec.layer):
+      yield stack, i, layer
 
 
 def register(cls: type[PositionalEncoding]) -> type[PositionalEncoding]:

@@ -24,6 +24,7 @@ from transformer.model.positions.base import (
   Drawing,
   PositionalEncoding,
   Terms,
+  ctranslate2_layers,
   integer_key,
   option,
   register,
@@ -89,8 +90,7 @@ class Relative(PositionalEncoding):
 
   @classmethod
   def export(cls, config: Any, params: Any, encoder: Any, decoder: Any, rows: int) -> None:
-    for spec, stack in ((encoder, "encoder"), (decoder, "decoder")):
-      for i, layer in enumerate(spec.layer):
-        attention = _self_attention(params, stack, i)
-        layer.self_attention.relative_position_keys = np.asarray(attention["relative_keys"])
-        layer.self_attention.relative_position_values = np.asarray(attention["relative_values"])
+    for stack, i, layer in ctranslate2_layers(encoder, decoder):
+      attention = _self_attention(params, stack, i)
+      layer.self_attention.relative_position_keys = np.asarray(attention["relative_keys"])
+      layer.self_attention.relative_position_values = np.asarray(attention["relative_values"])

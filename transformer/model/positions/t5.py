@@ -21,6 +21,7 @@ from transformer.model.positions.base import (
   Drawing,
   PositionalEncoding,
   Terms,
+  ctranslate2_layers,
   integer_key,
   option,
   register,
@@ -110,8 +111,7 @@ class T5Bias(PositionalEncoding):
 
   @classmethod
   def export(cls, config: Any, params: Any, encoder: Any, decoder: Any, rows: int) -> None:
-    for spec, stack in ((encoder, "encoder"), (decoder, "decoder")):
-      for layer in spec.layer:  # the stack's one table, in every layer
-        layer.self_attention.relative_attention_bias = _table(params, stack)
-        layer.self_attention.relative_attention_max_distance = np.int32(
-            option(config, "t5_max_distance"))
+    for stack, _, layer in ctranslate2_layers(encoder, decoder):  # the stack's one table
+      layer.self_attention.relative_attention_bias = _table(params, stack)
+      layer.self_attention.relative_attention_max_distance = np.int32(
+          option(config, "t5_max_distance"))
