@@ -4,6 +4,7 @@ training, decoding, the export and the counts; an unknown kind is an error every
 
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -119,9 +120,43 @@ def test_an_unknown_kind_is_an_error_everywhere():
     translator.decode_length([model], 5, translator.SearchSettings())
 
 
-def test_a_key_two_kinds_declare_is_refused(monkeypatch):
+def test_kinds_share_a_key_by_declaring_the_same_one_and_are_refused_one_declared_otherwise(
+    monkeypatch):
   monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))
-  clash = type("Clash", (positions.PositionalEncoding,), {"kind": "clash",
-                                                          "keys": registry.get("relative").keys})
-  with pytest.raises(ValueError, match="config key model.relative_clip of 'clash' is 'relative'"):
-    registry.register(clash)
+  (clip,) = registry.get("relative").keys
+  sharing = type("Sharing", (positions.PositionalEncoding,), {"kind": "sharing", "keys": (clip,)})
+  registry.register(sharing)  # the same Key: one setting of both kinds
+  assert [k.name for k in positions.all_keys()].count("relative_clip") == 1
+  assert registry.owners("relative_clip") == ["relative", "sharing"]
+  cfg = base_config()
+  cfg.model.positional, cfg.model.relative_clip = "sharing", 5
+  validate(cfg)  # its own key now: no error
+  cfg.model.positional = "t5"
+  with pytest.raises(ConfigError, match="config.model.relative_clip is a hyper-parameter of "
+                                        "positional='relative' or 'sharing', but this run's "
+                                        "positional is 't5'"):
+    validate(cfg)
+  other = type("Clash", (positions.PositionalEncoding,), {
+      "kind": "clash", "keys": (positions.Key("relative_clip", 4, "another clip"),)})
+  with pytest.raises(ValueError, match="config key model.relative_clip of 'clash' is declared "
+                                       "otherwise by 'relative': share its Key"):
+    registry.register(other)
+  variant = clip.variant("clash_clip", default=4)
+  assert (variant.name, variant.default, variant.help) == ("clash_clip", 4, clip.help)
+  with pytest.raises(ConfigError, match="config.model.clash_clip must be an integer >= 1, got 0"):
+    variant.check("model", 0)
+
+
+def test_a_positive_parameter_starts_at_its_value_and_stays_positive(rng):
+  class Scale(nn.Module):
+    @nn.compact
+    def __call__(self):
+      return positions.positive_param(self, "rate", 0.5, (3,), axes=("heads",))
+  params = Scale().init(jax.random.key(0))["params"]
+  np.testing.assert_allclose(Scale().apply({"params": params}), [0.5] * 3, rtol=1e-6)
+  # A step far past zero in the stored value still gives a positive, finite rate, and a gradient.
+  pushed = jax.tree.map(lambda x: x - 40.0, nn.unbox(params))
+  value = Scale().apply({"params": pushed})
+  assert bool((value > 0).all() and jnp.isfinite(value).all())
+  grad = jax.grad(lambda p: Scale().apply({"params": p}).sum())(nn.unbox(params))
+  assert bool((jax.tree.leaves(grad)[0] > 0).all())

@@ -1,15 +1,24 @@
-"""Three toy positional encodings, one of each shape a kind can take, each written as a new kind's
-file would be (only `@register` is left to the tests, so the registry the rest of the suite sees is
-the real one): an additive table, a bias of the scores with a config key of its own, and a rotation
-of queries and keys."""
+"""Toy positional encodings of each shape a kind can take, each written as a new kind's file would
+be, following docs/architecture.md's "Adding one" (only `@register` is left to the tests, so the
+registry the rest of the suite sees is the real one): an additive table, a bias of the scores with
+a config key of its own, a rotation of queries and keys, and two written as outsiders wrote them:
+KERPLE's logarithmic bias, whose two per-head parameters must stay positive, and rotary positions
+on half of each head's dimensions, sharing the rotary kind's `rotary_base` key."""
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.model.positions.base import Drawing, PositionalEncoding, Terms, integer_key, option
-from transformer.model.positions.rotary import rotate
+from transformer.model.positions.base import (
+  Drawing,
+  PositionalEncoding,
+  Terms,
+  integer_key,
+  option,
+  positive_param,
+)
+from transformer.model.positions.rotary import Rotary, rotate, rotation_angles
 from transformer.model.positions.sinusoidal import sinusoidal_encoding
 
 LONGEST = 7
@@ -75,4 +84,43 @@ class SlowRotation(PositionalEncoding):
     return Terms(rotate(query, prepared), rotate(key, prepared))
 
 
-TOYS = (ScaledSinusoids, NearbyBias, SlowRotation)
+class LogBias(PositionalEncoding):
+  """KERPLE's logarithmic bias (Chi et al., 2022): -r1 * log(1 + r2 |i - j|) per head, r1, r2 > 0,
+  learned, shared by the stack's layers."""
+  kind = "toy_kerple"
+
+  def setup(self):
+    heads = (self.config.num_heads,)
+    self.r1 = positive_param(self, "r1", 1.0, heads, axes=("heads",))
+    self.r2 = positive_param(self, "r2", 0.5, heads, axes=("heads",))
+
+  def prepare(self, query_positions, key_positions, causal):
+    distance = jnp.abs(query_positions[:, :, None] - key_positions[:, None, :]).astype(jnp.float32)
+    return -self.r1[None, :, None, None] * jnp.log1p(self.r2[None, :, None, None] * distance[:, None])
+
+  @classmethod
+  def attend(cls, module, config, query, key, prepared):
+    return Terms(query, key, bias=prepared)
+
+  @classmethod
+  def param_count(cls, config):
+    return 2 * 2 * config.num_heads
+
+
+class HalfRotary(PositionalEncoding):
+  """Rotary positions on the first half of each head's query/key dimensions (the rest unturned),
+  with the rotary kind's own `rotary_base` setting."""
+  kind = "toy_half_rotary"
+  keys = Rotary.keys
+
+  def prepare(self, query_positions, key_positions, causal):
+    half = self.config.key_dim // 2
+    angles = rotation_angles(query_positions, half, option(self.config, "rotary_base"))
+    return jnp.concatenate([angles, jnp.zeros((*angles.shape[:-1], half // 2))], axis=-1)
+
+  @classmethod
+  def attend(cls, module, config, query, key, prepared: jax.Array):
+    return Terms(rotate(query, prepared), rotate(key, prepared))
+
+
+TOYS = (ScaledSinusoids, NearbyBias, SlowRotation, LogBias, HalfRotary)

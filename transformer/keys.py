@@ -1,6 +1,8 @@
 """Config keys that a pluggable part declares for itself (a positional encoding, a kind of corpus):
 config.py adds every declared key with its default, validation checks it, and a resumed run keeps
-the ones marked `fixed` (training/checkpoints.py), so a new part's keys live in its own file."""
+the ones marked `fixed` (training/checkpoints.py), so a new part's keys live in its own file. Two
+parts may declare the same key (the same `Key`, imported from the other's file) to share a setting;
+`Key.variant` makes one of their own from another's."""
 
 from __future__ import annotations
 
@@ -25,6 +27,12 @@ class Key:
   def check(self, section: str, value: Any) -> None:
     if not self.valid(value):
       raise ConfigError(f"config.{section}.{self.name} must be {self.need}, got {value!r}")
+
+  def variant(self, name: str, default: Any = None, help: str | None = None) -> Key:
+    """A key of its own, `name`, checked as this one is: for a part that needs a setting like
+    another's but apart from it (another default, or values the two must not share)."""
+    return dataclasses.replace(self, name=name, default=self.default if default is None else default,
+                               help=self.help if help is None else help)
 
 
 def integer_key(name: str, default: int, help: str, least: int = 1) -> Key:

@@ -23,6 +23,7 @@ from transformer.model.positions.base import (
   get,
   kinds,
   option,
+  positive_param,
   register,
 )
 
@@ -34,4 +35,4 @@ for _name in (*_LISTED, *sorted(m.name for m in pkgutil.iter_modules(__path__)))
     importlib.import_module(f"{__name__}.{_name}")
 
 __all__ = ["Drawing", "Key", "PositionalEncoding", "Terms", "all_keys", "check_config", "get",
-           "kinds", "option", "register"]
+           "kinds", "option", "positive_param", "register"]

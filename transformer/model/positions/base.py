@@ -25,6 +25,7 @@ the tests ask the registry, so nothing else names a kind.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 from typing import Any, ClassVar, NamedTuple
 
@@ -126,6 +127,18 @@ class PositionalEncoding(nn.Module):
     """Raises ConfigError where a run config cannot work with this kind (beyond its keys' checks)."""
 
 
+def positive_param(module: nn.Module, name: str, value: float, shape: tuple[int, ...] = (),
+                   axes: tuple[str, ...] = ()) -> jax.Array:
+  """A learned parameter that stays positive whatever the updates do (a slope, a rate, a scale):
+  stored as `name` = softplus⁻¹(value) and returned as softplus of what is stored, so no update
+  takes it to zero or below (float32 rounds it to 0 only once the stored value is below about
+  -87) and no clamp in the forward pass cuts its gradient. `axes`: the logical
+  axis names of `shape` (partitioning.py), as a kind's other parameters have."""
+  init = nn.initializers.constant(math.log(math.expm1(value)))
+  stored = module.param(name, nn.with_logical_partitioning(init, axes) if axes else init, shape)
+  return jax.nn.softplus(stored)
+
+
 def ctranslate2_layers(encoder: Any, decoder: Any) -> Iterator[tuple[str, int, Any]]:
   """(stack, layer number, layer spec) of every layer of CTranslate2's encoder and decoder specs:
   what a kind that acts in each self-attention layer fills in (`export`)."""
@@ -138,10 +151,15 @@ def register(cls: type[PositionalEncoding]) -> type[PositionalEncoding]:
   """Class decorator: makes `cls` the kind named `cls.kind`."""
   if cls.kind in _KINDS:
     raise ValueError(f"positional encoding {cls.kind!r} is registered twice")
-  taken = {key.name: kind for kind, other in _KINDS.items() for key in other.keys}
+  taken: dict[str, tuple[str, Key]] = {}
+  for kind, other in _KINDS.items():
+    for key in other.keys:
+      taken.setdefault(key.name, (kind, key))
   for key in cls.keys:
-    if key.name in taken:
-      raise ValueError(f"config key model.{key.name} of {cls.kind!r} is {taken[key.name]!r}'s")
+    if key.name in taken and taken[key.name][1] != key:  # the same Key is a shared setting
+      raise ValueError(f"config key model.{key.name} of {cls.kind!r} is declared otherwise by "
+                       f"{taken[key.name][0]!r}: share its Key (import it) or make one of your "
+                       f"own with its .variant(name=...)")
   _KINDS[cls.kind] = cls
   return cls
 
@@ -159,8 +177,18 @@ def get(kind: str) -> type[PositionalEncoding]:
 
 
 def all_keys() -> tuple[Key, ...]:
-  """Every kind's config keys, in registration order (config.base_config adds them all)."""
-  return tuple(key for cls in _KINDS.values() for key in cls.keys)
+  """Every kind's config keys, once each (a key two kinds share is one), in registration order
+  (config.base_config adds them all)."""
+  keys: dict[str, Key] = {}
+  for cls in _KINDS.values():
+    for key in cls.keys:
+      keys.setdefault(key.name, key)
+  return tuple(keys.values())
+
+
+def owners(name: str) -> list[str]:
+  """The kinds that declare the key `name`."""
+  return [kind for kind, cls in _KINDS.items() if any(key.name == name for key in cls.keys)]
 
 
 def option(config: Any, name: str) -> Any:
@@ -178,13 +206,14 @@ def check_config(cfg: ml_collections.ConfigDict) -> None:
   kind = get(cfg.model.positional)
   for key in all_keys():
     key.check("model", cfg.model.get(key.name, key.default))
-  for other, cls in _KINDS.items():
-    for key in cls.keys:
-      if other != kind.kind and key.name in cfg.model and cfg.model[key.name] != key.default:
-        raise ConfigError(
-            f"config.model.{key.name} is a hyper-parameter of positional={other!r}, but this run's "
-            f"positional is {kind.kind!r}; drop the override or set "
-            f"--config.model.positional={other}")
+  mine = {key.name for key in kind.keys}
+  for key in all_keys():
+    if key.name not in mine and key.name in cfg.model and cfg.model[key.name] != key.default:
+      others = owners(key.name)
+      raise ConfigError(
+          f"config.model.{key.name} is a hyper-parameter of positional="
+          f"{' or '.join(map(repr, others))}, but this run's positional is {kind.kind!r}; drop "
+          f"the override or set --config.model.positional={others[0]}")
   kind.check(cfg)
   longest = kind.longest(ModelConfig.from_config(cfg.model, cfg.data.vocab_size))
   if longest is not None and longest < cfg.data.max_len:
