@@ -167,6 +167,23 @@ def test_a_lock_makes_the_second_process_wait_and_leaves_no_file(tmp_path, caplo
   assert not lock.exists()
 
 
+def test_a_file_system_without_locks_is_said_and_the_work_still_runs(tmp_path, monkeypatch,
+                                                                    caplog):
+  import errno
+  import fcntl
+
+  def no_locks(*args):
+    raise OSError(errno.ENOLCK, "No locks available")
+  monkeypatch.setattr(fcntl, "flock", no_locks)
+  ran = []
+  with caplog.at_level(logging.WARNING, logger="transformer"):
+    with files.exclusive(tmp_path / ".thing.lock", "the thing"):
+      ran.append(True)
+  assert ran and not (tmp_path / ".thing.lock").exists()
+  assert (f"cannot lock {tmp_path / '.thing.lock'} (No locks available): processes making the "
+          "thing at once will each make it") in caplog.text
+
+
 def test_two_prepares_of_one_corpus_at_once_make_one_vocabulary_and_one_cache_per_split(tmp_path):
   cfg = tiny_run_config(tmp_path, train_lines=3000)
   args = [f"--config.data.{k}={cfg.data[k]}" for k in
