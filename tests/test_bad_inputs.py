@@ -35,9 +35,9 @@ def trained(tmp_path_factory):
   return cfg, tmp / "run"
 
 
-def grid_of(tmp, run, seeds=(0,), folder="copy", steps=None):
+def grid_of(tmp, run, seeds=(0,), folder="copy", warmup=None):
   """A one-variant grid file, a base config file that is the run's config, and runs of it for
-  `seeds` in tmp/<folder>/base/seed<k>/ (config.json only, `steps` if given)."""
+  `seeds` in tmp/<folder>/base/seed<k>/ (config.json only, `warmup` steps if given)."""
   (tmp / "grid.py").write_text("from transformer.sweeps.grids import Grid, Variant\n"
                                "def get_grid():\n  return Grid('one', [Variant('base')])\n")
   (tmp / "base.py").write_text("import json, ml_collections\ndef get_config():\n  return "
@@ -45,8 +45,8 @@ def grid_of(tmp, run, seeds=(0,), folder="copy", steps=None):
   for seed in seeds:
     stored = json.loads((run / "config.json").read_text())
     stored["seed"] = seed
-    if steps:
-      stored["train"]["steps"] = steps
+    if warmup:
+      stored["train"]["warmup_steps"] = warmup
     (tmp / folder / "base" / f"seed{seed}").mkdir(parents=True)
     (tmp / folder / "base" / f"seed{seed}" / "config.json").write_text(json.dumps(stored))
 
@@ -282,8 +282,8 @@ CASES = {
     "grid record whose kept runs disagree": Case(
         "sweeps.run", (*GRID, "--root={tmp}/copy/exp", "--record={tmp}/copy/record"),
         "the grid's record holds base seed 0 ({tmp}/copy/record/runs/base/seed0) trained with "
-        "another config than this command's: train.steps: 4 -> 6",
-        prepare=lambda tmp, run: grid_of(tmp, run, folder="copy/record/runs", steps=4)),
+        "another config than this command's: train.warmup_steps: 9 -> 4",
+        prepare=lambda tmp, run: grid_of(tmp, run, folder="copy/record/runs", warmup=9)),
     "grid without a held-out test set": Case(
         "sweeps.run", (*GRID, "--root={tmp}/copy", "--test_dir={tmp}"),
         "6 test file(s) missing in {tmp}: test_2016_flickr.en.gz, test_2016_flickr.de.gz, ",

@@ -448,6 +448,15 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   learned_line = next(line for line in table.split("## Held-out")[1].splitlines()
                       if line.startswith("| learned |"))
   assert f"{float(rows['learned']['test_2017_mscoco_p']):.3f}" in learned_line
+  # Every run in TensorBoard's HParams dashboard, with the table's numbers.
+  _, groups = hparams_dashboard(root)
+  sessions = {s.name: {m.name.tag: m.value for m in s.metric_values}
+              for g in groups.session_groups for s in g.sessions}
+  assert sorted(sessions) == ["learned/seed0", "sinusoidal/seed0"]
+  for variant, row in rows.items():
+    found = sessions[f"{variant}/seed0"]
+    assert found["final/dev_bleu"] == pytest.approx(float(row["dev_bleu"]))
+    assert found["final/test_2017_flickr_bleu"] == pytest.approx(float(row["test_2017_flickr_bleu"]))
 
   # The same checkpoints with a minimum output length: evaluated again under their own report
   # names, tabulated in min_len1/; nothing trained, the default search's reports and table kept.
@@ -850,6 +859,14 @@ def test_a_grid_refuses_runs_of_another_config_or_left_out_of_its_tables(tmp_pat
   del older["train"]["loss_chunks"]  # a key added later: its default reproduces the old behaviour
   (runs[1].workdir / "config.json").write_text(json.dumps(older))
   consistency.check(runs, "g", root, record)
+
+  longer = ml_collections.ConfigDict(base.to_dict())
+  longer.train.steps = base.train.steps + 4  # an interrupted or shorter run: continued, no error
+  consistency.check(plan(grid, longer, [], [0, 1], root, {}), "g", root, record)
+  shorter = ml_collections.ConfigDict(base.to_dict())
+  shorter.train.steps = base.train.steps - 2  # runs trained past the plan's end: refused
+  with pytest.raises(ConfigError, match=f"train.steps: {base.train.steps} -> {base.train.steps - 2}"):
+    consistency.check(plan(grid, shorter, [], [0, 1], root, {}), "g", root, record)
 
   other = ml_collections.ConfigDict(base.to_dict())
   other.train.learning_rate = 2.0

@@ -24,9 +24,17 @@ BOOKKEEPING = {
 }
 
 
+def extends(old: dict[str, Any], planned: dict[str, Any], section: str, key: str) -> bool:
+  """Whether a stored run's `train.steps` below the planned ones is a run to continue there: the
+  same schedule, only longer (no cool-down, which ends where train.steps says)."""
+  return (section, key) == ("train", "steps") and old["train"]["steps"] < planned["train"]["steps"] \
+      and not old["train"].get("cooldown_steps") and not planned["train"].get("cooldown_steps")
+
+
 def differences(stored: dict[str, Any], planned: dict[str, Any]) -> list[str]:
-  """'section.key: stored -> planned' for every key that differs, bookkeeping keys aside; keys a
-  stored config predates count as their defaults (which reproduce the older behaviour)."""
+  """'section.key: stored -> planned' for every key that differs, bookkeeping keys aside and a run
+  that the plan only trains longer (`extends`); keys a stored config predates count as their
+  defaults (which reproduce the older behaviour)."""
   old = checkpoints.with_defaults(stored)
   changed = []
   for section in sorted(set(old) | set(planned)):
@@ -36,7 +44,8 @@ def differences(stored: dict[str, Any], planned: dict[str, Any]) -> list[str]:
         changed.append(f"{section}: {mine!r} -> {theirs!r}")
       continue
     for key in sorted(set(mine) | set(theirs)):
-      if key not in BOOKKEEPING.get(section, ()) and mine.get(key) != theirs.get(key):
+      if (key not in BOOKKEEPING.get(section, ()) and mine.get(key) != theirs.get(key)
+          and not extends(old, planned, section, key)):
         changed.append(f"{section}.{key}: {mine.get(key)!r} -> {theirs.get(key)!r}")
   return changed
 
