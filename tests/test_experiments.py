@@ -555,7 +555,7 @@ def test_a_base_from_another_machine_or_without_the_runs_report_is_named(tmp_pat
     hyps = outputs[run.variant.name]
     report.write_text(json.dumps({"sacrebleu": {"bleu": sacrebleu.corpus_bleu(hyps, [refs]).score}}))
     report.with_suffix(".hyp.txt").write_text("\n".join(hyps) + "\n")
-  rows = [{"machine": results.trained_on(read_metrics(run.workdir))} for run in (base, wide)]
+  rows = [{"machine": results.trained_by(read_metrics(run.workdir))} for run in (base, wide)]
   assert rows[1]["machine"] == "cpu B + cpu C"  # each machine once, in order
 
   results.add_significance(rows, [base, wide], {"dev": refs})

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from transformer.data import sources
 from transformer.data.sources import DataError
 from transformer.files import user_cache_dir
 from transformer.tokens import EOS_ID
@@ -185,7 +186,6 @@ def _random_access(array: np.ndarray) -> None:
 
 def corpus_identity(data, split: str) -> tuple[str, str]:
   """(a short name for the cache directory, the full identity for the fingerprint) of a split."""
-  from transformer.data import sources
   return sources.source_of(data).identity(data, split)
 
 

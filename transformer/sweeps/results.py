@@ -68,19 +68,12 @@ def recorded_steps(workdir: Path) -> int:
   return max((r["step"] for r in read_metrics(workdir, "checkpoint")), default=0)
 
 
-def trained_on(records: Sequence[dict[str, Any]]) -> str | None:
-  """The machine(s) that trained a run, from its metrics records' 'start' ones
-  (transformer.hardware), joined by ' + ' where a resumed run changed machines; None for runs from
-  before these records."""
-  labels = dict.fromkeys(r["machine"] for r in records if r["event"] == "start" and "machine" in r)
-  return " + ".join(labels) or None
-
-
-def trained_at(records: Sequence[dict[str, Any]]) -> str | None:
-  """The commit(s) of the code that trained a run, from its 'start' records, joined by ' + ' where
-  a resumed run changed code; None for runs from before these records said."""
-  commits = dict.fromkeys(r["commit"] for r in records if r["event"] == "start" and "commit" in r)
-  return " + ".join(commits) or None
+def trained_by(records: Sequence[dict[str, Any]], field: str = "machine") -> str | None:
+  """What trained a run, from its metrics records' 'start' ones: the machine(s) (field 'machine',
+  transformer.hardware) or the code's commit(s) ('commit', transformer.version), joined by ' + '
+  where a resumed run changed them; None for runs from before these records said."""
+  seen = dict.fromkeys(r[field] for r in records if r["event"] == "start" and field in r)
+  return " + ".join(seen) or None
 
 
 def other_machine(row: dict[str, Any]) -> bool:
@@ -106,8 +99,7 @@ def collect(runs: Sequence[Any]) -> list[dict[str, Any]]:
     records = read_metrics(run.workdir)
     summaries = [r for r in records if r["event"] == "summary"]
     row["params"] = summaries[-1]["parameters"] if summaries else analytic_param_count(model)
-    row["machine"] = trained_on(records)
-    row["commit"] = trained_at(records)
+    row["machine"], row["commit"] = trained_by(records), trained_by(records, "commit")
     row["steps_done"] = trained_steps(run.workdir) or recorded_steps(run.workdir)  # or a restored run's
     row["finished"] = row["steps_done"] >= cfg.train.steps
     clock = training_clock([r for r in records if r["event"] == "train"])
@@ -178,7 +170,7 @@ def add_significance(rows: list[dict[str, Any]], runs: Sequence[Any],
     baseline = by_key.get((first, run.seed))
     row["paired_with"] = str(other) if other else None
     base_dir = other or (baseline.workdir if baseline is not None and baseline is not run else None)
-    row["base_machine"] = trained_on(read_metrics(base_dir, "start")) if base_dir else None
+    row["base_machine"] = trained_by(read_metrics(base_dir, "start")) if base_dir else None
     if other_machine(row):
       log.warning("%s/seed%d was trained on %s, its base %s on %s: float32 training differs "
                   "between machines, so its Δ and p include that difference; pair it with a base "
