@@ -9,9 +9,17 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import optax
 
 from transformer.config import base_config
-from transformer.model.transformer import EOS_ID, ModelConfig, Transformer, initial_params
+from transformer.decoding import textbook
+from transformer.model.transformer import (
+  EOS_ID,
+  ModelConfig,
+  Transformer,
+  initial_params,
+  shift_right,
+)
 
 REPO = Path(__file__).parent.parent
 
@@ -43,6 +51,36 @@ def random_tokens(rng: np.random.Generator, batch: int, length: int, vocab: int,
     tokens[row, n - 1] = EOS_ID
     tokens[row, n:] = 0
   return tokens
+
+
+def copy_task_model(vocab: int = 24):
+  """A small model trained in seconds to write its source backwards: it ends its outputs with EOS
+  by itself, as a trained translation model does."""
+  config = tiny_model_config(vocab_size=vocab, d_model=32, d_ff=64)
+  model, optimizer = Transformer(config), optax.adam(3e-3)
+  params = init_params(model, seed=1)
+  rng = np.random.default_rng(0)
+
+  def batch():
+    lengths = rng.integers(2, 9, 64)
+    src = random_tokens(rng, 64, 8, vocab, lengths=lengths)
+    tgt = src.copy()
+    for row, n in enumerate(lengths):
+      tgt[row, :n - 1] = src[row, :n - 1][::-1]
+    return src, tgt
+
+  @jax.jit
+  def step(params, opt_state, src, tgt):
+    def loss(p):
+      sums = textbook.loss_sums(model.apply({"params": p}, src, shift_right(tgt)), tgt, 0.1)
+      return sums["loss"] / sums["tokens"]
+    updates, opt_state = optimizer.update(jax.grad(loss)(params), opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  opt_state = optimizer.init(params)
+  for _ in range(300):
+    params, opt_state = step(params, opt_state, *batch())
+  return config, model, params, batch()[0][:16]
 
 
 def tiny_run_config(tmp_path, train_lines: int = 300, eval_lines: int = 40):

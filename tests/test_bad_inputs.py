@@ -57,7 +57,8 @@ PROGRAMS = {"training.train": "transformer-train", "evaluation.evaluate": "trans
             "evaluation.translate": "transformer-translate", "visualisation.plot": "transformer-plot",
             "visualisation.attention_maps": "transformer-attention-maps",
             "evaluation.average": "transformer-average",
-            "accelerators.benchmark": "transformer-benchmark", "sweeps.run": "transformer-experiment"}
+            "accelerators.benchmark": "transformer-benchmark", "sweeps.run": "transformer-experiment",
+            "evaluation.export": "transformer-export"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +94,14 @@ def damage_all_checkpoints(tmp, run):
     shutil.rmtree(tmp / "copy" / "checkpoints" / step / "state" / "d", ignore_errors=True)
     for manifest in (tmp / "copy" / "checkpoints" / step / "state").rglob("manifest.ocdbt"):
       manifest.write_bytes(b"broken")
+
+
+def with_model(tmp, run, **model):
+  """A copy of the run whose stored config names another model (its checkpoints unchanged)."""
+  copy_run(tmp, run)
+  stored = json.loads((tmp / "copy" / "config.json").read_text())
+  stored["model"].update(model)
+  (tmp / "copy" / "config.json").write_text(json.dumps(stored))
 
 
 def other_vocabulary(tmp, run):
@@ -288,6 +297,23 @@ CASES = {
         "sweeps.run", (*GRID, "--root={tmp}/copy", "--test_dir={tmp}"),
         "6 test file(s) missing in {tmp}: test_2016_flickr.en.gz, test_2016_flickr.de.gz, ",
         prepare=grid_of),
+    # ------------------------------------------------------------------------------------ export
+    "export of a non-workdir": Case("evaluation.export", ("--workdir={tmp}", "--format=huggingface",
+                                                          "--output={new}"),
+                                    "{tmp}/config.json not found: {tmp} is not a training workdir"),
+    "export into a directory in use": Case(
+        "evaluation.export", ("--workdir={run}", "--format=huggingface", "--output={tmp}/copy"),
+        "--output={tmp}/copy exists and is not empty; choose a new directory",
+        prepare=lambda tmp, run: (tmp / "copy").mkdir() or (tmp / "copy" / "notes.txt").write_text("mine")),
+    "export of positions Marian cannot hold": Case(
+        "evaluation.export", ("--workdir={tmp}/copy", "--format=huggingface", "--output={new}"),
+        "Marian cannot hold 'rotary' positions: it adds one position table to each stack's "
+        "embeddings, and 'rotary' acts inside attention",
+        prepare=lambda tmp, run: with_model(tmp, run, positional="rotary")),
+    "export of a pre-LN model to Marian": Case(
+        "evaluation.export", ("--workdir={tmp}/copy", "--format=huggingface", "--output={new}"),
+        "Marian's layers are post-LayerNorm; this model is pre-LayerNorm (config.model.norm)",
+        prepare=lambda tmp, run: with_model(tmp, run, norm="pre")),
     # ------------------------------------------------------------------------- pictures of a run
     "plot a directory without metrics": Case("visualisation.plot", ("{tmp}", "--output={tmp}/c.png"),
                                              "no metrics.jsonl in {tmp}: pass the workdirs that "

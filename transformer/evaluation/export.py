@@ -2,6 +2,7 @@
 
     transformer-export --workdir=runs/m30k --format=ctranslate2 --output=runs/m30k/ctranslate2
     transformer-export --workdir=runs/m30k --format=ctranslate2 --output=ct2_int8 --quantization=int8
+    transformer-export --workdir=runs/m30k --format=huggingface --output=runs/m30k_hf
 
 `--format=ctranslate2` writes a CTranslate2 model directory (OpenNMT's C++ engine, what people
 deploy Transformers with on CPUs and GPUs; `pip install -e '.[ctranslate2]'`) through its Python spec
@@ -10,14 +11,21 @@ API: the same layers (post- or pre-LayerNorm, ReLU feed-forward, biases, epsilon
 (positions/<kind>.py `export`: a table of `--max_positions` rows for sinusoidal or learned ones,
 relative key/value embeddings, T5 biases, rotary; ALiBi is refused), the SentencePiece pieces as
 both vocabularies, and vocab.model beside them for tokenizing. Sources get EOS appended by the
-engine, as ours do. The
-moving average is exported where the run keeps one (as transformer-eval scores it), the raw
-parameters with --noema. docs/evaluating.md shows serving it.
+engine, as ours do.
+
+`--format=huggingface` writes a Hugging Face Transformers Marian model (marian.py; `pip install -e
+'.[huggingface]'`): weights, model and generation configs and tokenizer in one directory.
+
+Either way the moving average is exported where the run keeps one (as transformer-eval scores it),
+the raw parameters with --noema; what the format cannot hold is refused in one line before anything
+is written, and the directory appears whole or not at all. docs/evaluating.md shows serving both.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +36,14 @@ from absl import app, flags
 from transformer.cli import run_program
 from transformer.data import vocab as vocab_lib
 from transformer.errors import ConfigError
+from transformer.evaluation import marian
 from transformer.model import positions
 from transformer.model.transformer import ModelConfig, layer_params
+from transformer.training import checkpoints
 from transformer.training.workdir import load_run
 
 FLAGS = flags.FLAGS
-FORMATS = ("ctranslate2",)
+FORMATS = ("ctranslate2", "huggingface")
 QUANTIZATIONS = ("none", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
                  "float16", "bfloat16")
 
@@ -150,34 +160,81 @@ def default_max_positions(cfg) -> int:
   return longest if longest is not None else cfg.data.max_len + cfg.decode.max_extra_len
 
 
+def _check_new(output: Path) -> None:
+  if output.exists() and (not output.is_dir() or any(output.iterdir())):
+    raise ConfigError(f"--output={output} exists and is not empty; choose a new directory")
+
+
+@contextlib.contextmanager
+def _staged(output: str | Path) -> Iterator[Path]:
+  """A scratch directory beside `output` to write into; it becomes `output` when the block ends
+  without an error and is removed when it raises. `output` must be new or empty."""
+  output = Path(output)
+  _check_new(output)
+  staging = output.with_name(output.name + ".partial")
+  shutil.rmtree(staging, ignore_errors=True)
+  staging.mkdir(parents=True)
+  try:
+    yield staging
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+  if output.exists():
+    output.rmdir()  # empty, checked above
+  staging.replace(output)
+
+
 def export_ctranslate2(workdir: str | Path, output: str | Path, step: int | None = None,
                        average_last: int = 1, ema: bool = True, quantization: str = "none",
                        max_positions: int | None = None) -> Path:
   """Writes the run's checkpoint (or average) as a CTranslate2 model directory `output`."""
-  output = Path(output)
-  if output.exists() and any(output.iterdir()):
-    raise ConfigError(f"--output={output} exists and is not empty; choose a new directory")
-  _ctranslate2()
-  run = load_run(workdir, step, average_last)
-  pieces = [run.vocab.id_to_piece(i) for i in range(run.vocab.get_piece_size())]
-  spec = ctranslate2_spec(run.model.config, run.params(ema), pieces,
-                          max_positions or default_max_positions(run.config), quantization)
-  spec.register_file(str(Path(workdir) / vocab_lib.VOCAB_FILE))
-  staging = output.with_name(output.name + ".partial")
-  shutil.rmtree(staging, ignore_errors=True)
-  staging.mkdir(parents=True)
-  spec.save(str(staging))
-  if output.exists():
-    output.rmdir()  # empty, checked above
-  staging.replace(output)
-  return output
+  with _staged(output) as staging:
+    _ctranslate2()
+    run = load_run(workdir, step, average_last)
+    pieces = [run.vocab.id_to_piece(i) for i in range(run.vocab.get_piece_size())]
+    spec = ctranslate2_spec(run.model.config, run.params(ema), pieces,
+                            max_positions or default_max_positions(run.config), quantization)
+    spec.register_file(str(Path(workdir) / vocab_lib.VOCAB_FILE))
+    spec.save(str(staging))
+  return Path(output)
+
+
+def export_huggingface(workdir: str | Path, output: str | Path, step: int | None = None,
+                       average_last: int = 1, ema: bool = True,
+                       max_positions: int | None = None) -> Path:
+  """Writes the run's checkpoint (or average) as a Hugging Face Marian model directory `output`."""
+  _check_new(Path(output))
+  cfg = checkpoints.load_run_config(Path(workdir))
+  config = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
+  marian.check_marian(config)  # before the checkpoint is read or anything written
+  marian.transformers_library()
+  rows = max_positions or default_max_positions(cfg)
+  longest = positions.get(config.positional).longest(config)
+  if longest is not None and rows > longest:
+    raise ConfigError(f"--max_positions={rows} is past the {config.positional} position table "
+                      f"({longest} rows, config.model.max_len)")
+  with _staged(output) as staging:
+    run = load_run(workdir, step, average_last)
+    marian.write_marian(staging, run.config, run.model.config, run.params(ema),
+                        Path(workdir) / vocab_lib.VOCAB_FILE, rows)
+  return Path(output)
 
 
 def main(argv: list[str]) -> None:
   if FLAGS.workdir is None or FLAGS.output is None:
     raise app.UsageError("pass --workdir=DIR (a training workdir) and --output=NEW_DIR")
-  out = export_ctranslate2(FLAGS.workdir, FLAGS.output, FLAGS.step, FLAGS.average_last, FLAGS.ema,
-                           FLAGS.quantization, FLAGS.max_positions)
+  common = dict(step=FLAGS.step, average_last=FLAGS.average_last, ema=FLAGS.ema,
+                max_positions=FLAGS.max_positions)
+  if FLAGS.format == "huggingface":
+    if FLAGS.quantization != "none":
+      raise app.UsageError("--quantization applies to --format=ctranslate2 only; Transformers "
+                           "quantizes at load time (its own options)")
+    out = export_huggingface(FLAGS.workdir, FLAGS.output, **common)
+    print(f"wrote a Hugging Face Marian model to {out}; load it with MarianMTModel.from_pretrained"
+          f"('{out}') and MarianTokenizer.from_pretrained('{out}'), or pipeline('translation', "
+          f"model='{out}') (docs/evaluating.md)")
+    return
+  out = export_ctranslate2(FLAGS.workdir, FLAGS.output, quantization=FLAGS.quantization, **common)
   print(f"wrote a CTranslate2 model to {out}; serve it with ctranslate2.Translator('{out}') and "
         f"tokenize with {out / vocab_lib.VOCAB_FILE} (docs/evaluating.md)")
 
@@ -191,11 +248,12 @@ def run() -> None:
   flags.DEFINE_integer("average_last", 1, "Export the mean of the last N checkpoints.")
   flags.DEFINE_bool("ema", True, "Export the moving average of the parameters where the run keeps "
                     "one (what transformer-eval scores first); --noema: the raw parameters.")
-  flags.DEFINE_enum("quantization", "none", list(QUANTIZATIONS), "Weights as CTranslate2 stores "
-                    "them (its compute_type at load time can differ).")
+  flags.DEFINE_enum("quantization", "none", list(QUANTIZATIONS), "--format=ctranslate2: weights "
+                    "as CTranslate2 stores them (its compute_type at load time can differ).")
   flags.DEFINE_integer("max_positions", None, "Rows of the stored position table: the longest "
-                       "output plus one the engine can write (default: config.data.max_len + "
-                       "config.decode.max_extra_len; the table's size for learned positions).")
+                       "output the engine can write, end token included (default: "
+                       "config.data.max_len + config.decode.max_extra_len; the table's size for "
+                       "learned positions).")
   run_program("transformer-export", main, compilation_cache=False)
 
 

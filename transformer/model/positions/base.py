@@ -17,8 +17,9 @@ kind written against positions is exact with the cache too; packed rows pass per
 attention never crosses pairs, so nothing leaks between segments.
 
 A kind also declares its config keys (`keys`: `config.model.<name>`, with defaults and checks), the
-parameters and FLOPs it adds, its length limit, its export (evaluation/export.py asks `export`) and
-what the positional-encoding figure draws (`drawings`); config.py, the size counts, the searches and
+parameters and FLOPs it adds, its length limit, its exports (`added_tables`: the position table
+an engine adds to the embeddings; `export`: CTranslate2's spec, evaluation/export.py) and what the
+positional-encoding figure draws (`drawings`); config.py, the size counts, the searches and
 the tests ask the registry, so nothing else names a kind.
 """
 
@@ -112,10 +113,22 @@ class PositionalEncoding(nn.Module):
     return {}
 
   @classmethod
+  def added_tables(cls, config: Any, params: Any, rows: int
+                   ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The `rows` x D float32 tables it adds to the encoder's and the decoder's scaled embeddings,
+    as engines with one position table per stack store it (CTranslate2, Hugging Face's Marian);
+    None where the kind acts elsewhere (inside attention)."""
+    return None
+
+  @classmethod
   def export(cls, config: Any, params: Any, encoder: Any, decoder: Any, rows: int) -> None:
-    """Writes the kind into CTranslate2's encoder and decoder specs (made by `export_options`)."""
-    raise ConfigError(f"CTranslate2 cannot hold {cls.kind!r} positions ({cls.not_in_ctranslate2}); "
-                      "translate with transformer-translate instead")
+    """Writes the kind into CTranslate2's encoder and decoder specs (made by `export_options`): its
+    `added_tables` as their position encodings, or what a kind acting in attention overrides."""
+    tables = cls.added_tables(config, params, rows)
+    if tables is None:
+      raise ConfigError(f"CTranslate2 cannot hold {cls.kind!r} positions "
+                        f"({cls.not_in_ctranslate2}); translate with transformer-translate instead")
+    encoder.position_encodings.encodings, decoder.position_encodings.encodings = tables
 
   @classmethod
   def export_options(cls, config: Any) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from transformer.model.positions.base import Drawing, PositionalEncoding, register
-from transformer.model.positions.sinusoidal import additive_drawing, export_tables
+from transformer.model.positions.sinusoidal import additive_drawing
 
 
 def _table(params: Any, stack: str, rows: int) -> np.ndarray:
@@ -42,5 +42,5 @@ class Learned(PositionalEncoding):
             for stack in ("encoder", "decoder")}
 
   @classmethod
-  def export(cls, config: Any, params: Any, encoder: Any, decoder: Any, rows: int) -> None:
-    export_tables(encoder, decoder, (_table(params, "encoder", rows), _table(params, "decoder", rows)))
+  def added_tables(cls, config: Any, params: Any, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    return _table(params, "encoder", rows), _table(params, "decoder", rows)

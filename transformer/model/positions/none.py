@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 
 from transformer.model.positions.base import PositionalEncoding, register
-from transformer.model.positions.sinusoidal import export_tables
 
 
 @register
@@ -16,6 +15,6 @@ class NoPositions(PositionalEncoding):
   kind = "none"
 
   @classmethod
-  def export(cls, config: Any, params: Any, encoder: Any, decoder: Any, rows: int) -> None:
-    zeros = np.zeros((rows, config.d_model), np.float32)  # CTranslate2 always adds a table
-    export_tables(encoder, decoder, (zeros, zeros))
+  def added_tables(cls, config: Any, params: Any, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    zeros = np.zeros((rows, config.d_model), np.float32)  # engines with a table always add it
+    return zeros, zeros

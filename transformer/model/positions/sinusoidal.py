@@ -23,11 +23,6 @@ def additive_drawing(table: np.ndarray) -> Drawing:
   return Drawing(table, "position", "dimension", similarity=True)
 
 
-def export_tables(encoder: Any, decoder: Any, tables: tuple[np.ndarray, np.ndarray]) -> None:
-  """CTranslate2 adds a `position_encodings` table to each stack's scaled embeddings, as we do."""
-  encoder.position_encodings.encodings, decoder.position_encodings.encodings = tables
-
-
 @register
 class Sinusoidal(PositionalEncoding):
   kind = "sinusoidal"
@@ -41,6 +36,6 @@ class Sinusoidal(PositionalEncoding):
     return {"sinusoidal (encoder and decoder)": additive_drawing(table)}
 
   @classmethod
-  def export(cls, config: Any, params: Any, encoder: Any, decoder: Any, rows: int) -> None:
+  def added_tables(cls, config: Any, params: Any, rows: int) -> tuple[np.ndarray, np.ndarray]:
     table = np.asarray(sinusoidal_encoding(jnp.arange(rows), config.d_model))
-    export_tables(encoder, decoder, (table, table))
+    return table, table

@@ -1,0 +1,294 @@
+"""transformer-export --format=huggingface: the tensors Marian's names and shapes take (everywhere),
+and Transformers' MarianMTModel scoring and searching as our model does (where torch and
+transformers are installed: `pip install -e '.[huggingface]'`; skipped with that line otherwise)."""
+
+import importlib.util
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import (
+  copy_task_model,
+  init_params,
+  random_tokens,
+  run_cli,
+  tiny_model_config,
+  tiny_run_config,
+)
+
+from transformer import decoding
+from transformer.config import base_config
+from transformer.data import sources
+from transformer.data import vocab as vocab_lib
+from transformer.errors import ConfigError
+from transformer.evaluation import export, marian
+from transformer.model import positions
+from transformer.model.positions.sinusoidal import sinusoidal_encoding
+from transformer.model.transformer import BOS_ID, EOS_ID, PAD_ID, Transformer, shift_right
+from transformer.training.train import train_and_evaluate
+
+VOCAB = 24
+ROWS = 32
+HAVE_ENGINE = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
+needs_engine = pytest.mark.skipif(
+    not HAVE_ENGINE, reason="Transformers' side of the Marian export needs torch and transformers: "
+                            f"{marian.INSTALL}")
+
+
+def expected_shapes(config, rows):
+  """MarianMTModel's stored tensors, named and shaped as its modules are (written out here from
+  its layout, not from our export)."""
+  D, F, V = config.d_model, config.d_ff, config.vocab_size
+  shapes = {"model.shared.weight": (V, D), "final_logits_bias": (1, V),
+            "model.encoder.embed_positions.weight": (rows, D),
+            "model.decoder.embed_positions.weight": (rows, D)}
+  for stack, count in (("encoder", config.num_layers), ("decoder", config.num_decoder_layers)):
+    for i in range(count):
+      layer = f"model.{stack}.layers.{i}."
+      blocks = ["self_attn"] + (["encoder_attn"] if stack == "decoder" else [])
+      for block in blocks:
+        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+          shapes[layer + f"{block}.{proj}.weight"], shapes[layer + f"{block}.{proj}.bias"] = (D, D), (D,)
+        shapes[layer + f"{block}_layer_norm.weight"] = shapes[layer + f"{block}_layer_norm.bias"] = (D,)
+      shapes[layer + "fc1.weight"], shapes[layer + "fc1.bias"] = (F, D), (F,)
+      shapes[layer + "fc2.weight"], shapes[layer + "fc2.bias"] = (D, F), (D,)
+      shapes[layer + "final_layer_norm.weight"] = shapes[layer + "final_layer_norm.bias"] = (D,)
+  return shapes
+
+
+@pytest.mark.parametrize("overrides", [{}, {"scan_layers": True}, {"num_layers": 3, "decoder_layers": 1},
+                                       {"positional": "learned"}])
+def test_tensors_have_marians_names_and_shapes_and_carry_our_parameters(overrides):
+  config = tiny_model_config(vocab_size=VOCAB, **overrides)
+  model = Transformer(config)
+  params = init_params(model, seed=1)
+  tensors = marian.marian_tensors(config, params, ROWS)
+  assert {k: v.shape for k, v in tensors.items()} == expected_shapes(config, ROWS)
+  assert all(v.dtype == np.float32 for v in tensors.values())
+  # Every parameter of ours is there once (position tables apart, which Marian stores per stack).
+  ours = sum(np.size(x) for x in jax.tree.leaves(params))
+  tables = 2 * config.max_len * config.d_model if config.positional == "learned" else 0
+  stored = sum(v.size for k, v in tensors.items() if "embed_positions" not in k
+               and k != "final_logits_bias")
+  assert stored == ours - tables
+  # A projection computes what ours does: Marian's q = W x + b, ours einsum(x, kernel[D, H, K]).
+  layer = params["encoder"]["layers"] if config.scan_layers else params["encoder"]["layer_0"]
+  query = layer["self_attention"]["query"]
+  kernel = np.asarray(query["kernel"][0] if config.scan_layers else query["kernel"])
+  bias = np.asarray(query["bias"][0] if config.scan_layers else query["bias"])
+  x = np.random.default_rng(0).normal(size=config.d_model).astype(np.float32)
+  q = tensors["model.encoder.layers.0.self_attn.q_proj.weight"] @ x + tensors[
+      "model.encoder.layers.0.self_attn.q_proj.bias"]
+  np.testing.assert_allclose(q, (np.einsum("d,dhk->hk", x, kernel) + bias).reshape(-1), atol=1e-5)
+  np.testing.assert_array_equal(tensors["model.shared.weight"], params["embed"]["embedding"])
+  assert not tensors["final_logits_bias"].any()
+
+
+def test_position_tables_are_ours_not_marians_own_sinusoids():
+  """Stored as the paper interleaves them (sin, cos, sin, ...), not in Marian's [sin | cos] halves:
+  so the export depends on Transformers loading the stored table (checked below with the engine)."""
+  config = tiny_model_config(vocab_size=VOCAB)
+  tensors = marian.marian_tensors(config, init_params(Transformer(config)), ROWS)
+  table = tensors["model.encoder.embed_positions.weight"]
+  np.testing.assert_allclose(table, np.asarray(sinusoidal_encoding(jnp.arange(ROWS), 16)), atol=1e-6)
+  halves = np.concatenate([table[:, 0::2], table[:, 1::2]], axis=1)  # Marian's layout of the same
+  assert np.abs(table - halves).max() > 0.5
+  none = marian.marian_tensors(tiny_model_config(vocab_size=VOCAB, positional="none"),
+                               init_params(Transformer(tiny_model_config(vocab_size=VOCAB,
+                                                                         positional="none"))), ROWS)
+  assert not none["model.decoder.embed_positions.weight"].any()
+
+
+def test_config_and_generation_settings_are_the_runs():
+  cfg = base_config()
+  cfg.decode.beam_size, cfg.decode.alpha = 5, 0.7
+  config = tiny_model_config(vocab_size=VOCAB, num_layers=3, decoder_layers=2, dropout=0.1)
+  settings = marian.marian_settings(config, 60)
+  assert settings["encoder_layers"] == 3 and settings["decoder_layers"] == 2
+  assert (settings["d_model"], settings["encoder_ffn_dim"], settings["encoder_attention_heads"]) == (16, 32, 4)
+  assert settings["max_position_embeddings"] == 60 and settings["vocab_size"] == VOCAB
+  assert settings["activation_function"] == "relu" and settings["scale_embedding"] is True
+  assert (settings["pad_token_id"], settings["eos_token_id"], settings["decoder_start_token_id"]) == (
+      PAD_ID, EOS_ID, BOS_ID)
+  generation = marian.generation_settings(cfg, 60)
+  assert generation["num_beams"] == 5 and generation["length_penalty"] == 0.7
+  assert generation["max_length"] == 61  # 60 output tokens after the start token
+  assert sorted(generation["suppress_tokens"]) == sorted([PAD_ID, BOS_ID])
+  assert generation["forced_eos_token_id"] == EOS_ID and "min_new_tokens" not in generation
+  cfg.decode.min_len = 1
+  assert marian.generation_settings(cfg, 60)["min_new_tokens"] == 1
+
+
+def test_the_additive_kinds_are_exported_and_every_other_is_refused_in_one_line():
+  exported = []
+  for kind in positions.kinds():
+    config = tiny_model_config(vocab_size=VOCAB, positional=kind)
+    params = init_params(Transformer(config))
+    try:
+      tensors = marian.marian_tensors(config, params, ROWS)
+    except ConfigError as refusal:
+      assert str(refusal).startswith(
+          f"Marian cannot hold '{kind}' positions: it adds one position table to each stack's "
+          f"embeddings, and '{kind}' acts inside attention")
+      assert "\n" not in str(refusal)
+    else:
+      exported.append(kind)
+      assert tensors["model.encoder.embed_positions.weight"].shape == (ROWS, config.d_model)
+  assert exported == ["sinusoidal", "learned", "none"]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"norm": "pre"}, "Marian's layers are post-LayerNorm; this model is pre-LayerNorm"),
+    ({"share_embeddings": False}, "Marian shares one matrix between the source and target"),
+    ({"d_k": 8, "d_v": 8}, "Marian's heads are d_model / heads = 4 wide; this model's d_k and d_v "
+                           "are 8 and 8")])
+def test_layouts_marian_cannot_hold_are_refused(overrides, message):
+  with pytest.raises(ConfigError, match=message):
+    marian.check_marian(tiny_model_config(vocab_size=VOCAB, **overrides))
+
+
+# ------------------------------------------------------------------- the engine (torch, transformers)
+
+def load_marian(tmp_path, config, params, rows=ROWS):
+  """MarianMTModel.from_pretrained of the tensors and model config the export writes."""
+  from safetensors.numpy import save_file
+  from transformers import MarianConfig, MarianMTModel
+  save_file(marian.marian_tensors(config, params, rows), str(tmp_path / "model.safetensors"),
+            metadata={"format": "pt"})
+  MarianConfig(**marian.marian_settings(config, rows)).save_pretrained(tmp_path)
+  return MarianMTModel.from_pretrained(tmp_path).eval()
+
+
+def marian_log_probs(engine, src, tgt):
+  """Transformers' log-probability of every target token given the source, [B, T]."""
+  import torch
+  with torch.no_grad():
+    logits = engine(input_ids=torch.tensor(src), attention_mask=torch.tensor(src != PAD_ID),
+                    decoder_input_ids=torch.tensor(np.asarray(shift_right(jnp.asarray(tgt))))).logits
+  log_probs = torch.log_softmax(logits, -1).numpy()
+  return np.take_along_axis(log_probs, tgt[..., None].astype(np.int64), -1)[..., 0]
+
+
+@needs_engine
+@pytest.mark.parametrize("overrides", [{}, {"positional": "learned"}, {"positional": "none"},
+                                       {"scan_layers": True}, {"num_layers": 3, "decoder_layers": 1}])
+def test_transformers_scores_targets_as_our_model_does(tmp_path, overrides):
+  config = tiny_model_config(vocab_size=VOCAB, **overrides)
+  model = Transformer(config)
+  params = init_params(model, seed=1)
+  engine = load_marian(tmp_path, config, params)
+  src = random_tokens(np.random.default_rng(0), 4, 14, VOCAB, lengths=[14, 5, 3, 2])
+  tgt = random_tokens(np.random.default_rng(1), 4, 20, VOCAB, lengths=[20, 4, 11, 2])
+  ours = np.asarray(decoding.forced_log_probs(model, params, jnp.asarray(src), jnp.asarray(tgt)))
+  real = tgt != PAD_ID
+  np.testing.assert_allclose(marian_log_probs(engine, src, tgt)[real], ours[real], atol=1e-4)
+
+
+@needs_engine
+def test_transformers_keeps_the_stored_position_table(tmp_path):
+  """What Transformers does with a stored `embed_positions.weight`: it loads it (were it to
+  recompute its own [sin | cos] sinusoids, the scores above would disagree)."""
+  config = tiny_model_config(vocab_size=VOCAB, positional="learned")
+  params = init_params(Transformer(config), seed=1)
+  engine = load_marian(tmp_path, config, params)
+  stored = np.asarray(params["decoder"]["positions"]["learned"]["embedding"])[:ROWS]
+  np.testing.assert_array_equal(engine.model.decoder.embed_positions.weight.detach().numpy(), stored)
+  assert engine.lm_head.weight.data_ptr() == engine.model.shared.weight.data_ptr()  # tied
+
+
+@needs_engine
+def test_transformers_greedy_search_writes_our_greedy_outputs(tmp_path):
+  """A model that stops by itself (the copy task), both searches well within the limit: the same
+  tokens, and their scores agree."""
+  import torch
+  config, model, params, src = copy_task_model(VOCAB)
+  limit = 14
+  ours = decoding.decode(decoding.BeamSearch(1, 0.0), model, params, jnp.asarray(src),
+                         jnp.full((len(src),), limit), limit)
+  from transformers import GenerationConfig
+  cfg = base_config()
+  cfg.decode.beam_size = 1
+  engine = load_marian(tmp_path, config, params)
+  settings = GenerationConfig(**marian.generation_settings(cfg, ROWS))
+  with torch.no_grad():
+    out = engine.generate(input_ids=torch.tensor(src), attention_mask=torch.tensor(src != PAD_ID),
+                          generation_config=settings).numpy()
+  theirs = [[t for t in row[1:] if t != PAD_ID] for row in out]  # after the start token
+  mine = [[t for t in row if t != PAD_ID] for row in np.asarray(ours.tokens[:, 0])]
+  assert theirs == mine
+  assert all(row[-1] == EOS_ID and len(row) < limit for row in mine)
+  assert len({len(row) for row in mine}) > 1
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("marian")
+  cfg = tiny_run_config(tmp)
+  cfg.train.steps, cfg.train.eval_every, cfg.train.checkpoint_every = 2, 2, 2
+  train_and_evaluate(cfg, str(tmp / "run"))
+  return tmp / "run"
+
+
+@needs_engine
+def test_exported_run_opens_in_transformers_and_scores_the_validation_set_as_we_do(run, tmp_path):
+  """The directory alone: MarianMTModel and MarianTokenizer (our ids for the validation
+  sentences); Transformers' scores of the references = transformer-translate --score's, token by
+  token; generate() translates with the run's search settings."""
+  import torch
+  from transformers import MarianMTModel, MarianTokenizer
+  out = tmp_path / "hf"
+  done = run_cli("transformer.evaluation.export", f"--workdir={run}", "--format=huggingface",
+                 f"--output={out}")
+  assert done.returncode == 0, done.stderr
+  assert f"wrote a Hugging Face Marian model to {out}" in done.stdout
+  assert sorted(p.name for p in out.iterdir()) == [
+      "config.json", "generation_config.json", "model.safetensors", "source.spm", "target.spm",
+      "tokenizer_config.json", "vocab.json"]
+  config = json.loads((run / "config.json").read_text())
+  generation = json.loads((out / "generation_config.json").read_text())
+  assert generation["num_beams"] == config["decode"]["beam_size"]
+  assert generation["max_length"] == config["data"]["max_len"] + config["decode"]["max_extra_len"] + 1
+  tokenizer, engine = MarianTokenizer.from_pretrained(out), MarianMTModel.from_pretrained(out).eval()
+  ours = vocab_lib.load_vocab(run / vocab_lib.VOCAB_FILE)
+  pairs = [(s, t) for s, t in zip(sources.read_lines(run.parent / "val.en"),
+                                  sources.read_lines(run.parent / "val.de"))
+           if max(len(ours.encode(s)), len(ours.encode(t))) < config["data"]["max_len"]]
+  sentences, references = map(list, zip(*pairs))
+  assert len(sentences) > 20
+  assert tokenizer(sentences[:10])["input_ids"] == [ours.encode(s) + [EOS_ID] for s in sentences[:10]]
+  assert tokenizer.decode(ours.encode(references[0]), skip_special_tokens=True) == references[0]
+  (tmp_path / "src.en").write_text("\n".join(sentences) + "\n")
+  (tmp_path / "ref.de").write_text("\n".join(references) + "\n")
+  scored = run_cli("transformer.evaluation.translate", f"--workdir={run}",
+                   f"--input_file={tmp_path / 'src.en'}", f"--score={tmp_path / 'ref.de'}")
+  assert scored.returncode == 0, scored.stderr
+  batch = tokenizer(sentences, text_target=references, return_tensors="pt", padding=True)
+  with torch.no_grad():
+    logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    labels=batch["labels"]).logits
+  log_probs = torch.log_softmax(logits, -1)
+  for row, line in enumerate(scored.stdout.splitlines()):
+    expected = json.loads(line)["token_log_probs"]
+    labels = batch["labels"][row][:len(expected)]
+    theirs = log_probs[row, torch.arange(len(expected)), labels].numpy()
+    np.testing.assert_allclose(theirs, expected, atol=1e-4)
+  # Translating as the docs show: the generation config alone sets the search (the run's beam).
+  batch = tokenizer(sentences[:3], return_tensors="pt", padding=True)
+  with torch.no_grad():
+    generated = engine.generate(**batch)
+  assert generated.shape[1] <= generation["max_length"] and (generated[:, 0] == BOS_ID).all()
+  texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
+  assert texts == [ours.decode([t for t in row.tolist() if t not in (PAD_ID, BOS_ID, EOS_ID)])
+                   for row in generated]
+
+
+def test_export_without_transformers_names_the_install_line_and_writes_nothing(run, tmp_path,
+                                                                               monkeypatch):
+  monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers now fails
+  with pytest.raises(ConfigError, match=r"--format=huggingface needs the transformers package: "
+                                        r"pip install -e '\.\[huggingface\]'"):
+    export.export_huggingface(run, tmp_path / "hf")
+  assert list(tmp_path.iterdir()) == []

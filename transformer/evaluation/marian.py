@@ -1,0 +1,194 @@
+"""A trained run as a Hugging Face Transformers Marian model: what `MarianMTModel.from_pretrained`,
+`MarianTokenizer.from_pretrained` and `pipeline("translation")` open with no other file.
+
+    transformer-export --workdir=runs/m30k --format=huggingface --output=runs/m30k_hf
+
+Marian (the architecture of the OPUS-MT models) is the paper's: post-LayerNorm stacks, ReLU
+feed-forward layers with biases, one matrix for the source and target embeddings (scaled by
+sqrt(d_model)) and the pre-softmax projection, and a position table added to each stack's embeddings.
+So a run goes over tensor by tensor (`marian_tensors`), with its additive positions as the stored
+tables (Transformers keeps a stored `embed_positions.weight`; it computes its own sinusoids, in
+[sin | cos] halves rather than the paper's interleaving, only where none is stored). What Marian
+cannot hold is refused before anything is read or written (`check_marian`). Two things differ and
+cannot be told to it: its LayerNorm's epsilon is 1e-5 (ours 1e-6; the scores move by far less than
+1e-4 a token), and its length limit is absolute (`max_length`), where ours is the source length +
+`decode.max_extra_len`.
+
+Written with the libraries' own writers where they exist: the weights with safetensors, the model and
+generation configs with Transformers' `MarianConfig` and `GenerationConfig` (which check the values),
+the tokenizer with `MarianTokenizer` from the run's SentencePiece model (as both source.spm and
+target.spm) and its pieces as vocab.json, ids unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import sentencepiece as spm
+
+from transformer.data import vocab as vocab_lib
+from transformer.errors import ConfigError
+from transformer.model import positions
+from transformer.model.config import ModelConfig, layer_params
+from transformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+INSTALL = "pip install -e '.[huggingface]'"
+
+
+def transformers_library():
+  """The transformers package, or the line that says how to install it."""
+  try:
+    import transformers
+  except ImportError:
+    raise ConfigError(f"--format=huggingface needs the transformers package: {INSTALL}") from None
+  return transformers
+
+
+def check_marian(config: ModelConfig) -> None:
+  """Raises a one-line ConfigError where Marian's architecture cannot hold the model."""
+  kind = positions.get(config.positional)
+  if kind.added_tables.__func__ is positions.PositionalEncoding.added_tables.__func__:
+    raise ConfigError(f"Marian cannot hold {config.positional!r} positions: it adds one position "
+                      f"table to each stack's embeddings, and {config.positional!r} acts inside "
+                      "attention; export sinusoidal, learned or none positions, or use "
+                      "--format=ctranslate2 where it holds the kind")
+  if config.norm != "post":
+    raise ConfigError(f"Marian's layers are post-LayerNorm; this model is {config.norm}-LayerNorm "
+                      "(config.model.norm): use --format=ctranslate2, which holds both")
+  if not config.share_embeddings:
+    raise ConfigError("Marian shares one matrix between the source and target embeddings and the "
+                      "output projection; this model has separate ones (config.model."
+                      "share_embeddings=False): use --format=ctranslate2, which holds both")
+  per_head = config.d_model // config.num_heads
+  if (config.key_dim, config.value_dim) != (per_head, per_head) or per_head * config.num_heads != config.d_model:
+    raise ConfigError(f"Marian's heads are d_model / heads = {config.d_model / config.num_heads:g} "
+                      f"wide; this model's d_k and d_v are {config.key_dim} and "
+                      f"{config.value_dim} (config.model.d_k, d_v): use --format=ctranslate2")
+
+
+def _linear(dense: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """A Dense kernel [in, out] as torch's Linear stores it: weight [out, in], bias [out]."""
+  return {"weight": np.ascontiguousarray(dense["kernel"].T), "bias": dense["bias"]}
+
+
+def _heads_in(dense: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """A head projection (kernel [D, H, K]) as weight [H*K, D]."""
+  kernel = dense["kernel"]
+  return {"weight": np.ascontiguousarray(kernel.reshape(kernel.shape[0], -1).T),
+          "bias": dense["bias"].reshape(-1)}
+
+
+def _heads_out(dense: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """The attention output (kernel [H, K, D]) as weight [D, H*K]."""
+  kernel = dense["kernel"]
+  return {"weight": np.ascontiguousarray(kernel.reshape(-1, kernel.shape[-1]).T),
+          "bias": dense["bias"]}
+
+
+def _norm(norm: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  return {"weight": norm["scale"], "bias": norm["bias"]}
+
+
+def _attention(attention: dict[str, Any]) -> dict[str, dict[str, np.ndarray]]:
+  return {"q_proj": _heads_in(attention["query"]), "k_proj": _heads_in(attention["key"]),
+          "v_proj": _heads_in(attention["value"]), "out_proj": _heads_out(attention["out"])}
+
+
+def _flatten(tree: dict[str, Any], prefix: str) -> dict[str, np.ndarray]:
+  out = {}
+  for name, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flatten(value, f"{prefix}{name}."))
+    else:
+      out[prefix + name] = value
+  return out
+
+
+def marian_tensors(config: ModelConfig, params: Any, rows: int) -> dict[str, np.ndarray]:
+  """Every tensor of MarianMTModel's state, by its name there, float32 (tied ones once: the shared
+  embedding; `lm_head` and both `embed_tokens` are tied to it when Transformers loads it)."""
+  check_marian(config)
+  params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
+  encoder_table, decoder_table = positions.get(config.positional).added_tables(config, params, rows)
+  tree: dict[str, Any] = {"model": {
+      "shared": {"weight": params["embed"]["embedding"]},
+      "encoder": {"embed_positions": {"weight": encoder_table}, "layers": {}},
+      "decoder": {"embed_positions": {"weight": decoder_table}, "layers": {}}}}
+  for stack, count in (("encoder", config.num_layers), ("decoder", config.num_decoder_layers)):
+    for i in range(count):
+      ours = layer_params(params[stack], i)
+      layer = {"self_attn": _attention(ours["self_attention"]),
+               "self_attn_layer_norm": _norm(ours["self_attention_norm"]),
+               "fc1": _linear(ours["ffn"]["wi"]), "fc2": _linear(ours["ffn"]["wo"]),
+               "final_layer_norm": _norm(ours["ffn_norm"])}
+      if stack == "decoder":
+        layer["encoder_attn"] = _attention(ours["cross_attention"])
+        layer["encoder_attn_layer_norm"] = _norm(ours["cross_attention_norm"])
+      tree["model"][stack]["layers"][str(i)] = layer
+  tensors = _flatten(tree, "")
+  tensors["final_logits_bias"] = np.zeros((1, config.vocab_size), np.float32)  # ours has none
+  return {name: np.ascontiguousarray(value, np.float32) for name, value in tensors.items()}
+
+
+def marian_settings(config: ModelConfig, rows: int) -> dict[str, Any]:
+  """MarianConfig's values for the model (config.json): sizes, special ids, training's dropout."""
+  return dict(
+      architectures=["MarianMTModel"], vocab_size=config.vocab_size,
+      decoder_vocab_size=config.vocab_size, max_position_embeddings=rows,
+      d_model=config.d_model, encoder_layers=config.num_layers,
+      decoder_layers=config.num_decoder_layers, encoder_attention_heads=config.num_heads,
+      decoder_attention_heads=config.num_heads, encoder_ffn_dim=config.d_ff,
+      decoder_ffn_dim=config.d_ff, activation_function="relu", scale_embedding=True,
+      dropout=config.dropout, attention_dropout=config.attention_dropout, activation_dropout=0.0,
+      pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID,
+      decoder_start_token_id=BOS_ID, forced_eos_token_id=EOS_ID,
+      share_encoder_decoder_embeddings=True, tie_word_embeddings=True, is_encoder_decoder=True)
+
+
+def generation_settings(cfg: ml_collections.ConfigDict, rows: int) -> dict[str, Any]:
+  """GenerationConfig's values: the run's beam and length-penalty exponent, PAD and BOS never
+  written (as our searches forbid them), EOS forced at the last of `rows` output positions (as
+  ours forces it at the limit), and the same stopping rule as ours ('never': a sentence is decided
+  once no live hypothesis can beat the finished ones at the limit). Its penalty is length^alpha,
+  not GNMT's ((5 + length) / 6)^alpha: the exponent carries over, the formula cannot."""
+  settings = dict(num_beams=cfg.decode.beam_size, length_penalty=float(cfg.decode.alpha),
+                  early_stopping="never" if cfg.decode.beam_size > 1 else False,
+                  max_length=rows + 1,  # the decoder start token counts, so `rows` output tokens
+                  decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+                  pad_token_id=PAD_ID, forced_eos_token_id=EOS_ID, suppress_tokens=[PAD_ID, BOS_ID])
+  if cfg.decode.min_len:
+    settings["min_new_tokens"] = cfg.decode.min_len
+  return settings
+
+
+def special_pieces(vocab: spm.SentencePieceProcessor) -> dict[str, str]:
+  """The tokenizer's special tokens: the run's own pieces at our fixed ids."""
+  return {"pad_token": vocab.id_to_piece(PAD_ID), "eos_token": vocab.id_to_piece(EOS_ID),
+          "unk_token": vocab.id_to_piece(UNK_ID)}
+
+
+def write_marian(directory: Path, cfg: ml_collections.ConfigDict, config: ModelConfig,
+                 params: Any, vocab_file: Path, rows: int) -> None:
+  """Writes the model, its configs and its tokenizer into `directory` (which exists)."""
+  from safetensors.numpy import save_file
+  transformers = transformers_library()
+  vocab = vocab_lib.load_vocab(vocab_file)
+  save_file(marian_tensors(config, params, rows), str(directory / "model.safetensors"),
+            metadata={"format": "pt"})
+  transformers.MarianConfig(**marian_settings(config, rows)).save_pretrained(directory)
+  transformers.GenerationConfig(**generation_settings(cfg, rows)).save_pretrained(directory)
+  with tempfile.TemporaryDirectory() as scratch:
+    pieces = Path(scratch) / "vocab.json"
+    pieces.write_text(json.dumps({vocab.id_to_piece(i): i for i in range(vocab.get_piece_size())},
+                                 ensure_ascii=False, indent=0))
+    tokenizer = transformers.MarianTokenizer(
+        source_spm=str(vocab_file), target_spm=str(vocab_file), vocab=str(pieces),
+        source_lang=cfg.data.src_lang, target_lang=cfg.data.tgt_lang,
+        model_max_length=cfg.data.max_len, **special_pieces(vocab))
+    tokenizer.save_pretrained(directory)
