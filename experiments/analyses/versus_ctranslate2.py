@@ -35,6 +35,13 @@ with bf16 weight matrices or a bf16 projection onto the vocabulary only (decode.
 `--matmul_dtypes`), CTranslate2 with float32 and int8
 weights (`--compute_types`). Prints a markdown table (each engine's rates and its ratio to ours in
 the first matmul dtype) and writes the figures as JSON.
+
+`--huggingface` (trained workload; `pip install -e '.[huggingface]'`): Hugging Face Transformers too,
+the run exported with `transformer-export --format=huggingface` and translated as its docs show
+(MarianTokenizer, then MarianMTModel.generate on batches of `--hf_batch_sentences` sentences of
+similar length, torch on every core, no length penalty, the same absolute length limit as
+CTranslate2's); it also scores the validation references in both (the largest difference of a
+token's log-probability is recorded).
 """
 
 from __future__ import annotations
@@ -83,6 +90,9 @@ flags.DEFINE_list("compute_types", ["float32", "int8"], "CTranslate2 compute typ
 flags.DEFINE_list("beams", ["4", "1"], "Beam sizes (1 = greedy).")
 flags.DEFINE_list("matmul_dtypes", ["float32", "bfloat16"], "Our decode.matmul_dtype values to "
                   "time; ratios are to the first.")
+flags.DEFINE_bool("huggingface", False, "--workload=trained: time Hugging Face Transformers' "
+                  "MarianMTModel too, on the run exported with --format=huggingface.")
+flags.DEFINE_integer("hf_batch_sentences", 32, "Transformers: sentences per generate() call.")
 flags.DEFINE_string("output", None, "Write the figures as JSON here too.")
 
 
@@ -194,10 +204,68 @@ def theirs_text(directory: str, compute_type: str, layout: str, vocab, sentences
   return seconds, hypotheses
 
 
+def load_marian(directory: str):
+  """Transformers' tokenizer and model of an exported run, torch on every core."""
+  import torch
+  from transformers import MarianMTModel, MarianTokenizer
+  torch.set_num_threads(os.cpu_count())
+  return MarianTokenizer.from_pretrained(directory), MarianMTModel.from_pretrained(directory).eval()
+
+
+def huggingface_text(directory: str, sentences: list[str], beam: int, longest: int
+                     ) -> tuple[float, list[str]]:
+  """Transformers' translations, text to text, in batches of sentences of similar length."""
+  import torch
+  tokenizer, model = load_marian(directory)
+  options = dict(num_beams=beam, length_penalty=0.0, max_length=longest + 1, do_sample=False,
+                 early_stopping="never" if beam > 1 else False)
+
+  def translate(texts: list[str]) -> list[str]:
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    out = [""] * len(texts)
+    for start in range(0, len(order), FLAGS.hf_batch_sentences):
+      chunk = order[start:start + FLAGS.hf_batch_sentences]
+      batch = tokenizer([texts[i] for i in chunk], return_tensors="pt", padding=True)
+      with torch.inference_mode():
+        ids = model.generate(**batch, **options)
+      for i, text in zip(chunk, tokenizer.batch_decode(ids, skip_special_tokens=True)):
+        out[i] = text
+    return out
+
+  translate(sentences[:FLAGS.hf_batch_sentences])  # warm-up
+  t = time.perf_counter()
+  hypotheses = translate(sentences)
+  return time.perf_counter() - t, hypotheses
+
+
+def score_difference(run, directory: str, sentences: list[str], references: list[str]) -> dict:
+  """The largest and mean |difference| between Transformers' and our log-probabilities of the
+  reference tokens (ours: translator.score, as transformer-translate --score gives them)."""
+  import torch
+  ours = translator.score(run.model, run.params(True), run.vocab, sentences, references,
+                          run.config.decode.tokens_per_batch, run.config.data.max_len)
+  tokenizer, model = load_marian(directory)
+  differences = []
+  for start in range(0, len(sentences), 64):
+    batch = tokenizer(sentences[start:start + 64], text_target=references[start:start + 64],
+                      return_tensors="pt", padding=True)
+    with torch.inference_mode():
+      log_probs = torch.log_softmax(model(**batch).logits, -1)
+    for row, scored in enumerate(ours[start:start + 64]):
+      n = scored["tokens"]
+      theirs = log_probs[row, torch.arange(n), batch["labels"][row, :n]].numpy()
+      differences.extend(np.abs(theirs - np.asarray(scored["token_log_probs"])).tolist())
+  return {"tokens": len(differences), "max_abs_diff": float(np.max(differences)),
+          "mean_abs_diff": float(np.mean(differences))}
+
+
 def trained_seconds(directory: str) -> tuple[dict, dict]:
   """A trained run's validation sentences, text to text, each engine stopping at EOS (alpha 0)."""
   run = load_run(FLAGS.workdir)
   export.export_ctranslate2(FLAGS.workdir, directory)
+  marian_dir = directory + "_huggingface"
+  if FLAGS.huggingface:
+    export.export_huggingface(FLAGS.workdir, marian_dir)
   split = sources.load_split(run.config.data, run.config.data.eval_split)
   sentences = list(split.source)
   longest = run.config.data.max_len + run.config.decode.max_extra_len
@@ -213,6 +281,10 @@ def trained_seconds(directory: str) -> tuple[dict, dict]:
         took, texts[name, beam] = theirs_text(directory, ct, layout, run.vocab, sentences, beam,
                                               longest)
         seconds[name, beam].append(took)
+      if FLAGS.huggingface:
+        took, texts["transformers float32", beam] = huggingface_text(marian_dir, sentences, beam,
+                                                                      longest)
+        seconds["transformers float32", beam].append(took)
   reference = lambda beam: texts[engine_name(FLAGS.matmul_dtypes[0]), beam]
   same = {f"{engine}, beam {beam}": float(np.mean([a == b for a, b in zip(hyps, reference(beam))]))
           for (engine, beam), hyps in texts.items()}
@@ -221,6 +293,14 @@ def trained_seconds(directory: str) -> tuple[dict, dict]:
   work = {"workload": f"{split.name} sentences of {FLAGS.workdir}, text to text, EOS, alpha 0",
           "sentences": len(sentences), "identical_to_ours": same,
           "layers": run.model.config.num_layers, "d_model": run.model.config.d_model}
+  if FLAGS.huggingface:
+    import torch
+    import transformers
+    work["transformers"], work["torch"] = transformers.__version__, torch.__version__
+    work["torch_threads"] = torch.get_num_threads()
+    work["huggingface_scores"] = score_difference(run, marian_dir, sentences, list(split.target))
+    print(f"Transformers' log-probabilities of the references beside ours: "
+          f"{work['huggingface_scores']}")
   return seconds, work
 
 
@@ -229,6 +309,8 @@ def main(argv):
   partitioning.use_cpu_devices(FLAGS.cpu_devices)
   if FLAGS.workload == "trained" and not FLAGS.workdir:
     raise app.UsageError("--workload=trained needs --workdir=RUN (a training run's folder)")
+  if FLAGS.huggingface and FLAGS.workload != "trained":
+    raise app.UsageError("--huggingface times a trained run: add --workload=trained --workdir=RUN")
   for layout in FLAGS.ct2_layouts:
     if not re.fullmatch(r"[1-9][0-9]*x[1-9][0-9]*", layout):
       raise app.UsageError(f"--ct2_layouts takes INTERxINTRA thread counts such as 1x2 or 2x1, "
