@@ -336,6 +336,27 @@ def versus_ctranslate2() -> str:
   return "\n".join(lines)
 
 
+@table("versus-huggingface")
+def versus_huggingface() -> str:
+  """Transformers' Marian beside ours and CTranslate2 on the exported default model, one CPU."""
+  (path,) = sorted((RESULTS / "versus_huggingface").glob("*.json"))
+  r = json.loads(path.read_text())
+  scores = r["huggingface_scores"]
+  lines = [f"{r['cpu_count']}-core {r['cpu']}, JAX {r['jax']}, CTranslate2 {r['ctranslate2']}, "
+           f"Transformers {r['transformers']} on torch {r['torch']} ({r['torch_threads']} "
+           f"threads); record `{path.relative_to(RESULTS)}`. Transformers' log-probabilities of "
+           f"the references' {scores['tokens']:,} tokens differ from ours by at most "
+           f"{scores['max_abs_diff']:.1e} (mean {scores['mean_abs_diff']:.1e}).", "",
+           "| engine | beam | sentences/s (runs) | × ours | translations identical to ours |",
+           "|---|---|---|---|---|"]
+  for row in r["rows"]:
+    name = f"{row['engine']}, beam {row['beam']}"
+    runs = " / ".join(f"{x:.0f}" for x in row["sentences_per_sec"])
+    lines.append(f"| {row['engine']} | {row['beam']} | {runs} | {row['ratio_to_ours']:.2f} "
+                 f"| {r['identical_to_ours'].get(name, 1.0):.1%} |")
+  return "\n".join(lines) + "\n"
+
+
 @table("accelerators")
 def accelerators() -> str:
   """What transformer-compile reports for the paper's configs on named slices (no hardware)."""

@@ -232,34 +232,68 @@ def run(tmp_path_factory):
   return tmp / "run"
 
 
-@needs_engine
-def test_exported_run_opens_in_transformers_and_scores_the_validation_set_as_we_do(run, tmp_path):
-  """The directory alone: MarianMTModel and MarianTokenizer (our ids for the validation
-  sentences); Transformers' scores of the references = transformer-translate --score's, token by
-  token; generate() translates with the run's search settings."""
-  import torch
-  from transformers import MarianMTModel, MarianTokenizer
-  out = tmp_path / "hf"
+@pytest.fixture(scope="module")
+def exported(run, tmp_path_factory):
+  """The run exported as a user runs it (needs transformers, not torch)."""
+  if importlib.util.find_spec("transformers") is None:
+    pytest.skip(f"--format=huggingface writes with transformers: {marian.INSTALL}")
+  out = tmp_path_factory.mktemp("exported") / "hf"
   done = run_cli("transformer.evaluation.export", f"--workdir={run}", "--format=huggingface",
                  f"--output={out}")
   assert done.returncode == 0, done.stderr
   assert f"wrote a Hugging Face Marian model to {out}" in done.stdout
-  assert sorted(p.name for p in out.iterdir()) == [
-      "config.json", "generation_config.json", "model.safetensors", "source.spm", "target.spm",
-      "tokenizer_config.json", "vocab.json"]
-  config = json.loads((run / "config.json").read_text())
-  generation = json.loads((out / "generation_config.json").read_text())
-  assert generation["num_beams"] == config["decode"]["beam_size"]
-  assert generation["max_length"] == config["data"]["max_len"] + config["decode"]["max_extra_len"] + 1
-  tokenizer, engine = MarianTokenizer.from_pretrained(out), MarianMTModel.from_pretrained(out).eval()
-  ours = vocab_lib.load_vocab(run / vocab_lib.VOCAB_FILE)
+  return out
+
+
+def validation_pairs(run, vocab):
+  """The fixture's validation pairs whose sides fit the model's length limit."""
+  limit = json.loads((run / "config.json").read_text())["data"]["max_len"]
   pairs = [(s, t) for s, t in zip(sources.read_lines(run.parent / "val.en"),
                                   sources.read_lines(run.parent / "val.de"))
-           if max(len(ours.encode(s)), len(ours.encode(t))) < config["data"]["max_len"]]
-  sentences, references = map(list, zip(*pairs))
-  assert len(sentences) > 20
-  assert tokenizer(sentences[:10])["input_ids"] == [ours.encode(s) + [EOS_ID] for s in sentences[:10]]
-  assert tokenizer.decode(ours.encode(references[0]), skip_special_tokens=True) == references[0]
+           if max(len(vocab.encode(s)), len(vocab.encode(t))) < limit]
+  assert len(pairs) > 20
+  return map(list, zip(*pairs))
+
+
+def test_export_writes_the_files_configs_and_tokenizer_of_the_run(run, exported):
+  """Layout, values and tokenizer, read without torch: the weights are marian_tensors' (checked
+  above against Marian's names), the configs the run's, MarianTokenizer's ids ours."""
+  from safetensors.numpy import load_file
+  from transformers import MarianTokenizer
+  assert sorted(p.name for p in exported.iterdir()) == [
+      "config.json", "generation_config.json", "model.safetensors", "source.spm", "target.spm",
+      "tokenizer_config.json", "vocab.json"]
+  stored = json.loads((run / "config.json").read_text())
+  rows = stored["data"]["max_len"] + stored["decode"]["max_extra_len"]
+  weights = load_file(str(exported / "model.safetensors"))
+  model = json.loads((exported / "config.json").read_text())
+  assert weights["model.encoder.embed_positions.weight"].shape == (rows, stored["model"]["d_model"])
+  assert (model["model_type"], model["max_position_embeddings"], model["encoder_layers"]) == (
+      "marian", rows, stored["model"]["num_layers"])
+  generation = json.loads((exported / "generation_config.json").read_text())
+  assert generation["num_beams"] == stored["decode"]["beam_size"]
+  assert generation["length_penalty"] == stored["decode"]["alpha"]
+  assert generation["max_length"] == rows + 1
+  tokenizer = MarianTokenizer.from_pretrained(exported)
+  ours = vocab_lib.load_vocab(run / vocab_lib.VOCAB_FILE)
+  assert len(tokenizer) == ours.get_piece_size() == stored["data"]["vocab_size"]
+  assert tokenizer.model_max_length == stored["data"]["max_len"]
+  sentences, references = validation_pairs(run, ours)
+  assert tokenizer(sentences)["input_ids"] == [ours.encode(s) + [EOS_ID] for s in sentences]
+  assert tokenizer(text_target=references)["input_ids"] == [ours.encode(t) + [EOS_ID]
+                                                           for t in references]
+  assert [tokenizer.decode(ours.encode(t), skip_special_tokens=True) for t in references] == references
+
+
+@needs_engine
+def test_exported_run_scores_the_validation_set_as_we_do_and_translates(run, exported, tmp_path):
+  """MarianMTModel from the directory alone: its scores of the references = transformer-translate
+  --score's, token by token; generate() translates with the run's search settings."""
+  import torch
+  from transformers import MarianMTModel, MarianTokenizer
+  tokenizer, engine = MarianTokenizer.from_pretrained(exported), MarianMTModel.from_pretrained(exported).eval()
+  ours = vocab_lib.load_vocab(run / vocab_lib.VOCAB_FILE)
+  sentences, references = validation_pairs(run, ours)
   (tmp_path / "src.en").write_text("\n".join(sentences) + "\n")
   (tmp_path / "ref.de").write_text("\n".join(references) + "\n")
   scored = run_cli("transformer.evaluation.translate", f"--workdir={run}",
@@ -267,19 +301,21 @@ def test_exported_run_opens_in_transformers_and_scores_the_validation_set_as_we_
   assert scored.returncode == 0, scored.stderr
   batch = tokenizer(sentences, text_target=references, return_tensors="pt", padding=True)
   with torch.no_grad():
-    logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    labels=batch["labels"]).logits
-  log_probs = torch.log_softmax(logits, -1)
-  for row, line in enumerate(scored.stdout.splitlines()):
+    log_probs = torch.log_softmax(engine(**batch).logits, -1)
+  lines = scored.stdout.splitlines()
+  assert len(lines) == len(sentences)
+  for row, line in enumerate(lines):
     expected = json.loads(line)["token_log_probs"]
     labels = batch["labels"][row][:len(expected)]
     theirs = log_probs[row, torch.arange(len(expected)), labels].numpy()
     np.testing.assert_allclose(theirs, expected, atol=1e-4)
   # Translating as the docs show: the generation config alone sets the search (the run's beam).
-  batch = tokenizer(sentences[:3], return_tensors="pt", padding=True)
+  batch = tokenizer(sentences[:3], return_tensors="pt", padding=True, truncation=True)
   with torch.no_grad():
     generated = engine.generate(**batch)
-  assert generated.shape[1] <= generation["max_length"] and (generated[:, 0] == BOS_ID).all()
+  assert generated.shape[1] <= engine.generation_config.max_length
+  assert engine.generation_config.num_beams == json.loads((run / "config.json").read_text())["decode"]["beam_size"]
+  assert (generated[:, 0] == BOS_ID).all()
   texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
   assert texts == [ours.decode([t for t in row.tolist() if t not in (PAD_ID, BOS_ID, EOS_ID)])
                    for row in generated]
