@@ -68,6 +68,20 @@ def small_vocab(tmp_path_factory):
   return vocab_lib.train_vocab(text.source[:2000] + text.target[:2000], path, 500), path
 
 
+@pytest.fixture(scope="session")
+def two_step_run(tmp_path_factory):
+  """A tiny run (helpers.tiny_run_config) trained for 2 steps, one checkpoint: for the tests that
+  only read a run (export it, load it); none may change it."""
+  from helpers import tiny_run_config
+
+  from transformer.training.train import train_and_evaluate
+  tmp = tmp_path_factory.mktemp("two_step_run")
+  cfg = tiny_run_config(tmp)
+  cfg.train.steps, cfg.train.eval_every, cfg.train.checkpoint_every = 2, 2, 2
+  train_and_evaluate(cfg, str(tmp / "run"))
+  return tmp / "run"
+
+
 def pytest_unconfigure(config):
   shutil.rmtree(XLA_CACHE, ignore_errors=True)
 

@@ -12,7 +12,6 @@ from helpers import (
   random_tokens,
   run_cli,
   tiny_model_config,
-  tiny_run_config,
 )
 
 from transformer import decoding
@@ -21,7 +20,6 @@ from transformer.errors import ConfigError
 from transformer.evaluation import export
 from transformer.model import positions
 from transformer.model.transformer import EOS_ID, PAD_ID, Transformer
-from transformer.training.train import train_and_evaluate
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 VOCAB = 24
@@ -76,12 +74,8 @@ def test_ctranslate2_beam_search_finds_our_hypotheses(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-  tmp = tmp_path_factory.mktemp("export")
-  cfg = tiny_run_config(tmp)
-  cfg.train.steps, cfg.train.eval_every, cfg.train.checkpoint_every = 2, 2, 2
-  train_and_evaluate(cfg, str(tmp / "run"))
-  return tmp / "run"
+def run(two_step_run):
+  return two_step_run
 
 
 def test_transformer_export_writes_a_model_that_ctranslate2_serves(run, tmp_path):

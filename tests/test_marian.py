@@ -16,7 +16,6 @@ from helpers import (
   random_tokens,
   run_cli,
   tiny_model_config,
-  tiny_run_config,
 )
 
 from transformer import decoding
@@ -28,7 +27,6 @@ from transformer.evaluation import export, marian
 from transformer.model import positions
 from transformer.model.positions.sinusoidal import sinusoidal_encoding
 from transformer.model.transformer import BOS_ID, EOS_ID, PAD_ID, Transformer, shift_right
-from transformer.training.train import train_and_evaluate
 
 VOCAB = 24
 ROWS = 32
@@ -224,12 +222,8 @@ def test_transformers_greedy_search_writes_our_greedy_outputs(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-  tmp = tmp_path_factory.mktemp("marian")
-  cfg = tiny_run_config(tmp)
-  cfg.train.steps, cfg.train.eval_every, cfg.train.checkpoint_every = 2, 2, 2
-  train_and_evaluate(cfg, str(tmp / "run"))
-  return tmp / "run"
+def run(two_step_run):
+  return two_step_run
 
 
 @pytest.fixture(scope="module")
