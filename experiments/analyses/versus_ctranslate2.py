@@ -217,15 +217,17 @@ def huggingface_text(directory: str, sentences: list[str], beam: int, longest: i
   """Transformers' translations, text to text, in batches of sentences of similar length."""
   import torch
   tokenizer, model = load_marian(directory)
-  options = dict(num_beams=beam, length_penalty=0.0, max_length=longest + 1, do_sample=False,
-                 early_stopping="never" if beam > 1 else False)
+  options = dict(num_beams=beam, max_length=longest + 1, do_sample=False)
+  if beam > 1:  # no length penalty, and ours to decide a sentence (docs/evaluating.md)
+    options.update(length_penalty=0.0, early_stopping="never")
 
   def translate(texts: list[str]) -> list[str]:
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     out = [""] * len(texts)
     for start in range(0, len(order), FLAGS.hf_batch_sentences):
       chunk = order[start:start + FLAGS.hf_batch_sentences]
-      batch = tokenizer([texts[i] for i in chunk], return_tensors="pt", padding=True)
+      batch = tokenizer([texts[i] for i in chunk], return_tensors="pt", padding=True,
+                        truncation=True)
       with torch.inference_mode():
         ids = model.generate(**batch, **options)
       for i, text in zip(chunk, tokenizer.batch_decode(ids, skip_special_tokens=True)):
@@ -240,8 +242,13 @@ def huggingface_text(directory: str, sentences: list[str], beam: int, longest: i
 
 def score_difference(run, directory: str, sentences: list[str], references: list[str]) -> dict:
   """The largest and mean |difference| between Transformers' and our log-probabilities of the
-  reference tokens (ours: translator.score, as transformer-translate --score gives them)."""
+  reference tokens (ours: translator.score, as transformer-translate --score gives them), over the
+  pairs within the model's length limit."""
   import torch
+  limit = run.config.data.max_len
+  fits = [(s, r) for s, r in zip(sentences, references)
+          if max(len(run.vocab.encode(s)), len(run.vocab.encode(r))) < limit]
+  sentences, references = [s for s, _ in fits], [r for _, r in fits]
   ours = translator.score(run.model, run.params(True), run.vocab, sentences, references,
                           run.config.decode.tokens_per_batch, run.config.data.max_len)
   tokenizer, model = load_marian(directory)
@@ -255,7 +262,7 @@ def score_difference(run, directory: str, sentences: list[str], references: list
       n = scored["tokens"]
       theirs = log_probs[row, torch.arange(n), batch["labels"][row, :n]].numpy()
       differences.extend(np.abs(theirs - np.asarray(scored["token_log_probs"])).tolist())
-  return {"tokens": len(differences), "max_abs_diff": float(np.max(differences)),
+  return {"sentences": len(sentences), "tokens": len(differences), "max_abs_diff": float(np.max(differences)),
           "mean_abs_diff": float(np.mean(differences))}
 
 
