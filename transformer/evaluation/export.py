@@ -242,7 +242,8 @@ def main(argv: list[str]) -> None:
 def run() -> None:
   """Console-script entry point."""
   flags.DEFINE_string("workdir", None, "Training workdir to export.")
-  flags.DEFINE_enum("format", "ctranslate2", list(FORMATS), "What to write.")
+  flags.DEFINE_enum("format", "ctranslate2", list(FORMATS), "What to write: a CTranslate2 "
+                    "model directory, or a Hugging Face Transformers Marian model (huggingface).")
   flags.DEFINE_string("output", None, "New directory to write the model to.")
   flags.DEFINE_integer("step", None, "The checkpoint at this step (default: the latest).")
   flags.DEFINE_integer("average_last", 1, "Export the mean of the last N checkpoints.")
