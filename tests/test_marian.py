@@ -77,11 +77,13 @@ def test_tensors_have_marians_names_and_shapes_and_carry_our_parameters(override
   query = layer["self_attention"]["query"]
   kernel = np.asarray(query["kernel"][0] if config.scan_layers else query["kernel"])
   bias = np.asarray(query["bias"][0] if config.scan_layers else query["bias"])
+  # On Marian's residual stream, sqrt(10) times ours (marian_tensors says why).
   x = np.random.default_rng(0).normal(size=config.d_model).astype(np.float32)
-  q = tensors["model.encoder.layers.0.self_attn.q_proj.weight"] @ x + tensors[
+  q = tensors["model.encoder.layers.0.self_attn.q_proj.weight"] @ (np.sqrt(10) * x) + tensors[
       "model.encoder.layers.0.self_attn.q_proj.bias"]
   np.testing.assert_allclose(q, (np.einsum("d,dhk->hk", x, kernel) + bias).reshape(-1), atol=1e-5)
-  np.testing.assert_array_equal(tensors["model.shared.weight"], params["embed"]["embedding"])
+  np.testing.assert_allclose(tensors["model.shared.weight"],
+                             np.sqrt(10) * np.asarray(params["embed"]["embedding"]), rtol=1e-6)
   assert not tensors["final_logits_bias"].any()
 
 
@@ -91,7 +93,8 @@ def test_position_tables_are_ours_not_marians_own_sinusoids():
   config = tiny_model_config(vocab_size=VOCAB)
   tensors = marian.marian_tensors(config, init_params(Transformer(config)), ROWS)
   table = tensors["model.encoder.embed_positions.weight"]
-  np.testing.assert_allclose(table, np.asarray(sinusoidal_encoding(jnp.arange(ROWS), 16)), atol=1e-6)
+  np.testing.assert_allclose(table, np.sqrt(10) * np.asarray(sinusoidal_encoding(jnp.arange(ROWS), 16)),
+                             atol=1e-6)
   halves = np.concatenate([table[:, 0::2], table[:, 1::2]], axis=1)  # Marian's layout of the same
   assert np.abs(table - halves).max() > 0.5
   none = marian.marian_tensors(tiny_model_config(vocab_size=VOCAB, positional="none"),
@@ -186,13 +189,35 @@ def test_transformers_scores_targets_as_our_model_does(tmp_path, overrides):
 
 
 @needs_engine
+@pytest.mark.parametrize("folded", [True, False])
+def test_the_residual_stream_is_scaled_so_marians_layer_norm_epsilon_computes_ours(
+    tmp_path, monkeypatch, folded):
+  """LayerNorm gains and biases of 0.003 keep the stream's variance near the epsilons (1e-6 ours,
+  1e-5 Marian's), where the two LayerNorms part: with the stream scaled, the scores still agree
+  to 1e-4; without (SCALE = 1) they do not."""
+  config = tiny_model_config(vocab_size=VOCAB)
+  model = Transformer(config)
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, x: x * 0 + 0.003 if "norm" in jax.tree_util.keystr(path) else x,
+      init_params(model, seed=1))
+  if not folded:
+    monkeypatch.setattr(marian, "SCALE", 1.0)
+  engine = load_marian(tmp_path, config, params)
+  src = random_tokens(np.random.default_rng(0), 4, 14, VOCAB, lengths=[14, 5, 3, 2])
+  tgt = random_tokens(np.random.default_rng(1), 4, 20, VOCAB, lengths=[20, 4, 11, 2])
+  ours = np.asarray(decoding.forced_log_probs(model, params, jnp.asarray(src), jnp.asarray(tgt)))
+  difference = np.abs(marian_log_probs(engine, src, tgt) - ours)[tgt != PAD_ID].max()
+  assert (difference < 1e-4) == folded, difference
+
+
+@needs_engine
 def test_transformers_keeps_the_stored_position_table(tmp_path):
   """What Transformers does with a stored `embed_positions.weight`: it loads it (were it to
   recompute its own [sin | cos] sinusoids, the scores above would disagree)."""
   config = tiny_model_config(vocab_size=VOCAB, positional="learned")
   params = init_params(Transformer(config), seed=1)
   engine = load_marian(tmp_path, config, params)
-  stored = np.asarray(params["decoder"]["positions"]["learned"]["embedding"])[:ROWS]
+  stored = marian.marian_tensors(config, params, ROWS)["model.decoder.embed_positions.weight"]
   np.testing.assert_array_equal(engine.model.decoder.embed_positions.weight.detach().numpy(), stored)
   assert engine.lm_head.weight.data_ptr() == engine.model.shared.weight.data_ptr()  # tied
 

@@ -70,6 +70,7 @@ from transformer.evaluation import export
 from transformer.hardware import cpu_id  # noqa: E402
 from transformer.model.transformer import ModelConfig, Transformer, initial_params  # noqa: E402
 from transformer.training.workdir import load_run  # noqa: E402
+from transformer.version import commit  # noqa: E402
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "The model and data to use.")
@@ -342,7 +343,8 @@ def main(argv):
   result = {**work, "ctranslate2": ctranslate2.__version__, "jax": jax.__version__,
             "ct2_layouts": FLAGS.ct2_layouts,
             "ct2_batch_tokens": FLAGS.ct2_batch_tokens, "jax_devices": jax.device_count(),
-            "cpu_count": os.cpu_count(), "cpu": cpu_id(), "rows": rows}
+            "cpu_count": os.cpu_count(), "cpu": cpu_id(), "commit": commit(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
   print(f"| engine | search | {unit} (runs) | ratio to ours |\n|---|---|---|---|")
   for r in rows:
     runs = " / ".join(f"{x:,.0f}" for x in r[key])

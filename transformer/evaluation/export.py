@@ -38,7 +38,7 @@ from transformer.data import vocab as vocab_lib
 from transformer.errors import ConfigError
 from transformer.evaluation import marian
 from transformer.model import positions
-from transformer.model.transformer import ModelConfig, layer_params
+from transformer.model.transformer import LAYER_NORM_EPSILON, ModelConfig, layer_params
 from transformer.training import checkpoints
 from transformer.training.workdir import load_run
 
@@ -144,7 +144,7 @@ def ctranslate2_spec(config: ModelConfig, params: Any, pieces: list[str], max_po
   decoder.projection.weight = output_embed
   kind.export(config, params, encoder, decoder, max_positions)
   spec = spec_lib.TransformerSpec(encoder, decoder)
-  spec.config.layer_norm_epsilon = 1e-6
+  spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
   spec.config.add_source_eos = True
   spec.register_source_vocabulary(pieces)
   spec.register_target_vocabulary(pieces)

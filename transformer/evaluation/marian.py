@@ -9,10 +9,11 @@ sqrt(d_model)) and the pre-softmax projection, and a position table added to eac
 So a run goes over tensor by tensor (`marian_tensors`), with its additive positions as the stored
 tables (Transformers keeps a stored `embed_positions.weight`; it computes its own sinusoids, in
 [sin | cos] halves rather than the paper's interleaving, only where none is stored). What Marian
-cannot hold is refused before anything is read or written (`check_marian`). Two things differ and
-cannot be told to it: its LayerNorm's epsilon is 1e-5 (ours 1e-6; the scores move by far less than
-1e-4 a token), and its length limit is absolute (`max_length`), where ours is the source length +
-`decode.max_extra_len`.
+cannot hold is refused before anything is read or written (`check_marian`). Its LayerNorms' epsilon
+(1e-5, ours 1e-6) cannot be set, so the tensors carry the residual stream sqrt(10) times larger,
+which makes its LayerNorms compute ours exactly (`marian_tensors` says why). What still differs is
+the search: its length penalty's formula and its absolute length limit (`max_length`), where ours
+is the source length + `decode.max_extra_len`.
 
 Written with the libraries' own writers where they exist: the weights with safetensors, the model and
 generation configs with Transformers' `MarianConfig` and `GenerationConfig` (which check the values),
@@ -23,6 +24,7 @@ target.spm) and its pieces as vocab.json, ids unchanged.
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -36,9 +38,12 @@ from transformer.data import vocab as vocab_lib
 from transformer.errors import ConfigError
 from transformer.model import positions
 from transformer.model.config import ModelConfig, layer_params
+from transformer.model.transformer import LAYER_NORM_EPSILON
 from transformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 INSTALL = "pip install -e '.[huggingface]'"
+MARIAN_LAYER_NORM_EPSILON = 1e-5  # torch's nn.LayerNorm default, which Marian's layers keep
+SCALE = math.sqrt(MARIAN_LAYER_NORM_EPSILON / LAYER_NORM_EPSILON)  # of the residual stream
 
 
 def transformers_library():
@@ -72,32 +77,24 @@ def check_marian(config: ModelConfig) -> None:
                       f"{config.value_dim} (config.model.d_k, d_v): use --format=ctranslate2")
 
 
-def _linear(dense: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """A Dense kernel [in, out] as torch's Linear stores it: weight [out, in], bias [out]."""
-  return {"weight": np.ascontiguousarray(dense["kernel"].T), "bias": dense["bias"]}
-
-
-def _heads_in(dense: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """A head projection (kernel [D, H, K]) as weight [H*K, D]."""
-  kernel = dense["kernel"]
-  return {"weight": np.ascontiguousarray(kernel.reshape(kernel.shape[0], -1).T),
-          "bias": dense["bias"].reshape(-1)}
-
-
-def _heads_out(dense: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """The attention output (kernel [H, K, D]) as weight [D, H*K]."""
-  kernel = dense["kernel"]
-  return {"weight": np.ascontiguousarray(kernel.reshape(-1, kernel.shape[-1]).T),
-          "bias": dense["bias"]}
-
-
-def _norm(norm: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  return {"weight": norm["scale"], "bias": norm["bias"]}
+def _linear(kernel: np.ndarray, bias: np.ndarray, scale: float = 1.0) -> dict[str, np.ndarray]:
+  """A kernel [in, out] as torch's Linear stores it (weight [out, in]), its weight times `scale`
+  and, where it writes the residual stream (scale > 1), its bias too (`marian_tensors`)."""
+  return {"weight": np.ascontiguousarray(kernel.T) * scale,
+          "bias": bias.reshape(-1) * (scale if scale > 1 else 1.0)}
 
 
 def _attention(attention: dict[str, Any]) -> dict[str, dict[str, np.ndarray]]:
-  return {"q_proj": _heads_in(attention["query"]), "k_proj": _heads_in(attention["key"]),
-          "v_proj": _heads_in(attention["value"]), "out_proj": _heads_out(attention["out"])}
+  """Head projections (kernels [D, H, K]) read the stream, the output ([H, K, D]) writes it."""
+  heads_in = lambda d: _linear(d["kernel"].reshape(d["kernel"].shape[0], -1), d["bias"], 1 / SCALE)
+  out = attention["out"]
+  return {"q_proj": heads_in(attention["query"]), "k_proj": heads_in(attention["key"]),
+          "v_proj": heads_in(attention["value"]),
+          "out_proj": _linear(out["kernel"].reshape(-1, out["kernel"].shape[-1]), out["bias"], SCALE)}
+
+
+def _norm(norm: dict[str, np.ndarray], scale: float) -> dict[str, np.ndarray]:
+  return {"weight": norm["scale"] * scale, "bias": norm["bias"] * scale}
 
 
 def _flatten(tree: dict[str, Any], prefix: str) -> dict[str, np.ndarray]:
@@ -112,24 +109,35 @@ def _flatten(tree: dict[str, Any], prefix: str) -> dict[str, np.ndarray]:
 
 def marian_tensors(config: ModelConfig, params: Any, rows: int) -> dict[str, np.ndarray]:
   """Every tensor of MarianMTModel's state, by its name there, float32 (tied ones once: the shared
-  embedding; `lm_head` and both `embed_tokens` are tied to it when Transformers loads it)."""
+  embedding; `lm_head` and both `embed_tokens` are tied to it when Transformers loads it).
+
+  Marian's LayerNorms divide by sqrt(variance + 1e-5), ours by sqrt(variance + 1e-6), and its
+  config cannot change that. A LayerNorm is blind to its input's scale but for the epsilon:
+  LN_eps(c x) = LN_{eps / c^2}(x). So the tensors carry the residual stream SCALE = sqrt(10) times
+  larger: the embeddings, position tables and LayerNorm gains and biases times c, every projection
+  reading the stream divided by c and every one writing it (attention outputs, second
+  feed-forward layer) times c, and the decoder's last LayerNorm divided by c, so that the shared
+  matrix gives the same logits. Marian then computes exactly our function, its epsilon included."""
   check_marian(config)
   params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
   encoder_table, decoder_table = positions.get(config.positional).added_tables(config, params, rows)
   tree: dict[str, Any] = {"model": {
-      "shared": {"weight": params["embed"]["embedding"]},
-      "encoder": {"embed_positions": {"weight": encoder_table}, "layers": {}},
-      "decoder": {"embed_positions": {"weight": decoder_table}, "layers": {}}}}
+      "shared": {"weight": params["embed"]["embedding"] * SCALE},
+      "encoder": {"embed_positions": {"weight": encoder_table * SCALE}, "layers": {}},
+      "decoder": {"embed_positions": {"weight": decoder_table * SCALE}, "layers": {}}}}
   for stack, count in (("encoder", config.num_layers), ("decoder", config.num_decoder_layers)):
     for i in range(count):
       ours = layer_params(params[stack], i)
+      ffn = ours["ffn"]
+      last = stack == "decoder" and i == count - 1
       layer = {"self_attn": _attention(ours["self_attention"]),
-               "self_attn_layer_norm": _norm(ours["self_attention_norm"]),
-               "fc1": _linear(ours["ffn"]["wi"]), "fc2": _linear(ours["ffn"]["wo"]),
-               "final_layer_norm": _norm(ours["ffn_norm"])}
+               "self_attn_layer_norm": _norm(ours["self_attention_norm"], SCALE),
+               "fc1": _linear(ffn["wi"]["kernel"], ffn["wi"]["bias"], 1 / SCALE),
+               "fc2": _linear(ffn["wo"]["kernel"], ffn["wo"]["bias"], SCALE),
+               "final_layer_norm": _norm(ours["ffn_norm"], 1 / SCALE if last else SCALE)}
       if stack == "decoder":
         layer["encoder_attn"] = _attention(ours["cross_attention"])
-        layer["encoder_attn_layer_norm"] = _norm(ours["cross_attention_norm"])
+        layer["encoder_attn_layer_norm"] = _norm(ours["cross_attention_norm"], SCALE)
       tree["model"][stack]["layers"][str(i)] = layer
   tensors = _flatten(tree, "")
   tensors["final_logits_bias"] = np.zeros((1, config.vocab_size), np.float32)  # ours has none

@@ -185,8 +185,11 @@ def residual(config: ModelConfig, x: jax.Array, sublayer: Callable[[jax.Array], 
   return norm(x + drop(sublayer(x)))
 
 
+LAYER_NORM_EPSILON = 1e-6  # tensor2tensor's and the Flax WMT example's (exports carry it over)
+
+
 def _layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
-  return nn.LayerNorm(epsilon=1e-6, dtype=config.dtype, name=name,
+  return nn.LayerNorm(epsilon=LAYER_NORM_EPSILON, dtype=config.dtype, name=name,
                       scale_init=_init(nn.initializers.ones_init(), "embed"),
                       bias_init=_init(_zeros, "embed"))
 
