@@ -339,14 +339,16 @@ def versus_ctranslate2() -> str:
 @table("versus-huggingface")
 def versus_huggingface() -> str:
   """Transformers' Marian beside ours and CTranslate2 on the exported default model, one CPU."""
-  (path,) = sorted((RESULTS / "versus_huggingface").glob("*.json"))
+  path = RESULTS / "versus_huggingface" / "trained_xeon.json"
   r = json.loads(path.read_text())
   scores = r["huggingface_scores"]
-  lines = [f"{r['cpu_count']}-core {r['cpu']}, JAX {r['jax']}, CTranslate2 {r['ctranslate2']}, "
-           f"Transformers {r['transformers']} on torch {r['torch']} ({r['torch_threads']} "
-           f"threads); record `{path.relative_to(RESULTS)}`. Transformers' log-probabilities of "
-           f"the references' {scores['tokens']:,} tokens differ from ours by at most "
-           f"{scores['max_abs_diff']:.1e} (mean {scores['mean_abs_diff']:.1e}).", "",
+  lines = [f"{r['cpu_count']}-core {r['cpu']}, JAX {r['jax']} on {r['jax_devices']} devices, "
+           f"CTranslate2 {r['ctranslate2']} (a worker per core), Transformers {r['transformers']} "
+           f"on torch {r['torch']} ({r['torch_threads']} threads), commit {r['commit']}, "
+           f"{r['date']} (record: `experiments/results/{path.relative_to(RESULTS)}`). "
+           f"Transformers' log-probabilities of the references' {scores['tokens']:,} tokens differ "
+           f"from ours by at most {scores['max_abs_diff']:.1e} (mean {scores['mean_abs_diff']:.1e}).",
+           "",
            "| engine | beam | sentences/s (runs) | × ours | translations identical to ours |",
            "|---|---|---|---|---|"]
   for row in r["rows"]:

@@ -231,8 +231,8 @@ def main(argv: list[str]) -> None:
                            "quantizes at load time (its own options)")
     out = export_huggingface(FLAGS.workdir, FLAGS.output, **common)
     print(f"wrote a Hugging Face Marian model to {out}; load it with MarianMTModel.from_pretrained"
-          f"('{out}') and MarianTokenizer.from_pretrained('{out}'), or pipeline('translation', "
-          f"model='{out}') (docs/evaluating.md)")
+          f"('{out}') and MarianTokenizer.from_pretrained('{out}') and translate with its "
+          f"generate() (docs/evaluating.md)")
     return
   out = export_ctranslate2(FLAGS.workdir, FLAGS.output, quantization=FLAGS.quantization, **common)
   print(f"wrote a CTranslate2 model to {out}; serve it with ctranslate2.Translator('{out}') and "
