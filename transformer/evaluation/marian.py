@@ -1,5 +1,6 @@
-"""A trained run as a Hugging Face Transformers Marian model: what `MarianMTModel.from_pretrained`,
-`MarianTokenizer.from_pretrained` and `pipeline("translation")` open with no other file.
+"""A trained run as a Hugging Face Transformers Marian model: what `MarianMTModel.from_pretrained`
+and `MarianTokenizer.from_pretrained` (and Transformers 4's `pipeline("translation")`) open with no
+other file.
 
     transformer-export --workdir=runs/m30k --format=huggingface --output=runs/m30k_hf
 
@@ -55,13 +56,18 @@ def transformers_library():
   return transformers
 
 
+def _adds_a_table(kind: str) -> bool:
+  return (positions.get(kind).added_tables.__func__
+          is not positions.PositionalEncoding.added_tables.__func__)
+
+
 def check_marian(config: ModelConfig) -> None:
   """Raises a one-line ConfigError where Marian's architecture cannot hold the model."""
-  kind = positions.get(config.positional)
-  if kind.added_tables.__func__ is positions.PositionalEncoding.added_tables.__func__:
+  if not _adds_a_table(config.positional):
+    tables = " or ".join(k for k in positions.kinds() if _adds_a_table(k))
     raise ConfigError(f"Marian cannot hold {config.positional!r} positions: it adds one position "
                       f"table to each stack's embeddings, and {config.positional!r} acts inside "
-                      "attention; export sinusoidal, learned or none positions, or use "
+                      f"attention; export a run with {tables} positions, or use "
                       "--format=ctranslate2 where it holds the kind")
   if config.norm != "post":
     raise ConfigError(f"Marian's layers are post-LayerNorm; this model is {config.norm}-LayerNorm "
@@ -70,27 +76,31 @@ def check_marian(config: ModelConfig) -> None:
     raise ConfigError("Marian shares one matrix between the source and target embeddings and the "
                       "output projection; this model has separate ones (config.model."
                       "share_embeddings=False): use --format=ctranslate2, which holds both")
-  per_head = config.d_model // config.num_heads
-  if (config.key_dim, config.value_dim) != (per_head, per_head) or per_head * config.num_heads != config.d_model:
-    raise ConfigError(f"Marian's heads are d_model / heads = {config.d_model / config.num_heads:g} "
-                      f"wide; this model's d_k and d_v are {config.key_dim} and "
-                      f"{config.value_dim} (config.model.d_k, d_v): use --format=ctranslate2")
+  per_head = config.d_model / config.num_heads
+  if config.key_dim != per_head or config.value_dim != per_head:
+    raise ConfigError(f"Marian's heads are d_model / heads = {per_head:g} wide; this model's d_k "
+                      f"and d_v are {config.key_dim} and {config.value_dim} (config.model.d_k, "
+                      "d_v): use --format=ctranslate2")
 
 
-def _linear(kernel: np.ndarray, bias: np.ndarray, scale: float = 1.0) -> dict[str, np.ndarray]:
-  """A kernel [in, out] as torch's Linear stores it (weight [out, in]), its weight times `scale`
-  and, where it writes the residual stream (scale > 1), its bias too (`marian_tensors`)."""
-  return {"weight": np.ascontiguousarray(kernel.T) * scale,
-          "bias": bias.reshape(-1) * (scale if scale > 1 else 1.0)}
+def _reads(kernel: np.ndarray, bias: np.ndarray) -> dict[str, np.ndarray]:
+  """A projection of the residual stream (kernel [in, out]) as torch's Linear stores it (weight
+  [out, in]), its weight divided by SCALE since its input is SCALE times ours (`marian_tensors`)."""
+  return {"weight": np.ascontiguousarray(kernel.T) / SCALE, "bias": bias.reshape(-1)}
+
+
+def _writes(kernel: np.ndarray, bias: np.ndarray) -> dict[str, np.ndarray]:
+  """A projection whose output joins the residual stream: weight and bias times SCALE."""
+  return {"weight": np.ascontiguousarray(kernel.T) * SCALE, "bias": bias.reshape(-1) * SCALE}
 
 
 def _attention(attention: dict[str, Any]) -> dict[str, dict[str, np.ndarray]]:
   """Head projections (kernels [D, H, K]) read the stream, the output ([H, K, D]) writes it."""
-  heads_in = lambda d: _linear(d["kernel"].reshape(d["kernel"].shape[0], -1), d["bias"], 1 / SCALE)
+  heads_in = lambda d: _reads(d["kernel"].reshape(d["kernel"].shape[0], -1), d["bias"])
   out = attention["out"]
   return {"q_proj": heads_in(attention["query"]), "k_proj": heads_in(attention["key"]),
           "v_proj": heads_in(attention["value"]),
-          "out_proj": _linear(out["kernel"].reshape(-1, out["kernel"].shape[-1]), out["bias"], SCALE)}
+          "out_proj": _writes(out["kernel"].reshape(-1, out["kernel"].shape[-1]), out["bias"])}
 
 
 def _norm(norm: dict[str, np.ndarray], scale: float) -> dict[str, np.ndarray]:
@@ -132,8 +142,8 @@ def marian_tensors(config: ModelConfig, params: Any, rows: int) -> dict[str, np.
       last = stack == "decoder" and i == count - 1
       layer = {"self_attn": _attention(ours["self_attention"]),
                "self_attn_layer_norm": _norm(ours["self_attention_norm"], SCALE),
-               "fc1": _linear(ffn["wi"]["kernel"], ffn["wi"]["bias"], 1 / SCALE),
-               "fc2": _linear(ffn["wo"]["kernel"], ffn["wo"]["bias"], SCALE),
+               "fc1": _reads(ffn["wi"]["kernel"], ffn["wi"]["bias"]),
+               "fc2": _writes(ffn["wo"]["kernel"], ffn["wo"]["bias"]),
                "final_layer_norm": _norm(ours["ffn_norm"], 1 / SCALE if last else SCALE)}
       if stack == "decoder":
         layer["encoder_attn"] = _attention(ours["cross_attention"])
