@@ -8,8 +8,8 @@
 `--workload=trained --workdir=RUN`: what a deployment does. A trained run's checkpoint (its moving
 average), exported with transformer-export, translates the run's validation sentences text to text
 (tokenizing included), each engine batching its own way and stopping at EOS, with no length penalty
-(where the two searches find the same hypotheses: tests/test_export.py); rates are sentences/s, and
-the share of identical translations is printed.
+(where the two searches find the same hypotheses: tests/test_export.py; `--alpha` sets one, each
+engine its own formula); rates are sentences/s, and the share of identical translations is printed.
 
 The fixed-length workloads do equal work with the model of `--config` (untrained, seeded, exported
 with transformer-export's converter): every sentence is decoded to a fixed length (ours: EOS
@@ -39,8 +39,8 @@ the first matmul dtype) and writes the figures as JSON.
 `--huggingface` (trained workload; `pip install -e '.[huggingface]'`): Hugging Face Transformers too,
 the run exported with `transformer-export --format=huggingface` and translated as its docs show
 (MarianTokenizer, then MarianMTModel.generate on batches of `--hf_batch_sentences` sentences of
-similar length, torch on every core, no length penalty, the same absolute length limit as
-CTranslate2's); it also scores the validation references in both (the largest difference of a
+similar length, torch on every core, `--alpha` as its length penalty, the same absolute length
+limit as CTranslate2's); it also scores the validation references in both (the largest difference of a
 token's log-probability is recorded).
 """
 
@@ -91,6 +91,9 @@ flags.DEFINE_list("compute_types", ["float32", "int8"], "CTranslate2 compute typ
 flags.DEFINE_list("beams", ["4", "1"], "Beam sizes (1 = greedy).")
 flags.DEFINE_list("matmul_dtypes", ["float32", "bfloat16"], "Our decode.matmul_dtype values to "
                   "time; ratios are to the first.")
+flags.DEFINE_float("alpha", 0.0, "--workload=trained: the length-penalty exponent of every "
+                   "engine's beam search (ours: GNMT's ((5 + n) / 6)^alpha, CTranslate2's and "
+                   "Transformers' n^alpha; 0 = none, where all find the same hypotheses).")
 flags.DEFINE_bool("huggingface", False, "--workload=trained: time Hugging Face Transformers' "
                   "MarianMTModel too, on the run exported with --format=huggingface.")
 flags.DEFINE_integer("hf_batch_sentences", 32, "Transformers: sentences per generate() call.")
@@ -178,7 +181,7 @@ def fixed_length_seconds(directory: str) -> tuple[dict, dict]:
 def ours_text(run, sentences: list[str], beam: int, dtype: str, cache: dict
               ) -> tuple[float, list[str]]:
   """Seconds to translate `sentences` (compiled beforehand) and the translations."""
-  settings = translator.SearchSettings.from_config(run.config, beam_size=beam, alpha=0.0,
+  settings = translator.SearchSettings.from_config(run.config, beam_size=beam, alpha=FLAGS.alpha,
                                                    matmul_dtype=dtype,
                                                    tokens_per_batch=FLAGS.tokens_per_batch)
   args = (run.model, run.params(True), run.vocab, sentences, settings, run.config.data.max_len,
@@ -194,7 +197,7 @@ def theirs_text(directory: str, compute_type: str, layout: str, vocab, sentences
                 beam: int, longest: int) -> tuple[float, list[str]]:
   """The same for CTranslate2, tokenizing and detokenizing inside the timing as ours does."""
   engine = load_engine(directory, compute_type, layout)
-  options = dict(beam_size=beam, length_penalty=0.0, max_decoding_length=longest,
+  options = dict(beam_size=beam, length_penalty=FLAGS.alpha, max_decoding_length=longest,
                  max_batch_size=FLAGS.ct2_batch_tokens, batch_type="tokens")
   engine.translate_batch([vocab.encode(sentences[0], out_type=str)], **options)
   t = time.perf_counter()
@@ -219,8 +222,8 @@ def huggingface_text(directory: str, sentences: list[str], beam: int, longest: i
   import torch
   tokenizer, model = load_marian(directory)
   options = dict(num_beams=beam, max_length=longest + 1, do_sample=False)
-  if beam > 1:  # no length penalty, and ours to decide a sentence (docs/evaluating.md)
-    options.update(length_penalty=0.0, early_stopping="never")
+  if beam > 1:  # its penalty length^alpha, and our rule to decide a sentence (docs/evaluating.md)
+    options.update(length_penalty=FLAGS.alpha, early_stopping="never")
 
   def translate(texts: list[str]) -> list[str]:
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
@@ -268,7 +271,7 @@ def score_difference(run, directory: str, sentences: list[str], references: list
 
 
 def trained_seconds(directory: str) -> tuple[dict, dict]:
-  """A trained run's validation sentences, text to text, each engine stopping at EOS (alpha 0)."""
+  """A trained run's validation sentences, text to text, each engine stopping at EOS."""
   run = load_run(FLAGS.workdir)
   export.export_ctranslate2(FLAGS.workdir, directory)
   marian_dir = directory + "_huggingface"
@@ -298,7 +301,7 @@ def trained_seconds(directory: str) -> tuple[dict, dict]:
           for (engine, beam), hyps in texts.items()}
   print("translations identical to ours (" + FLAGS.matmul_dtypes[0] + "): "
         + ", ".join(f"{k}: {v:.1%}" for k, v in same.items()))
-  work = {"workload": f"{split.name} sentences of {FLAGS.workdir}, text to text, EOS, alpha 0",
+  work = {"workload": f"{split.name} sentences of {FLAGS.workdir}, text to text, EOS, alpha {FLAGS.alpha:g}",
           "sentences": len(sentences), "identical_to_ours": same,
           "layers": run.model.config.num_layers, "d_model": run.model.config.d_model}
   if FLAGS.huggingface:
