@@ -99,6 +99,14 @@ def _feed_forward(spec, params: dict[str, Any], norm: dict[str, np.ndarray]) -> 
   _linear(spec.linear_1, params["wo"])
 
 
+def check_rows(config: ModelConfig, rows: int) -> None:
+  """A stored position table of `rows` rows must fit in the kind's own (a learned table's)."""
+  longest = positions.get(config.positional).longest(config)
+  if longest is not None and rows > longest:
+    raise ConfigError(f"--max_positions={rows} is past the {config.positional} position table "
+                      f"({longest} rows, config.model.max_len)")
+
+
 def ctranslate2_spec(config: ModelConfig, params: Any, pieces: list[str], max_positions: int,
                      quantization: str = "none"):
   """The CTranslate2 TransformerSpec of a model with `params` and vocabulary `pieces`, checked and
@@ -107,10 +115,7 @@ def ctranslate2_spec(config: ModelConfig, params: Any, pieces: list[str], max_po
   if config.key_dim != config.value_dim:
     raise ConfigError(f"CTranslate2 needs d_k = d_v; this model has {config.key_dim} and "
                       f"{config.value_dim}")
-  longest = positions.get(config.positional).longest(config)
-  if longest is not None and max_positions > longest:
-    raise ConfigError(f"--max_positions={max_positions} is past the {config.positional} position "
-                      f"table ({longest} rows, config.model.max_len)")
+  check_rows(config, max_positions)
   params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
   pre_norm = config.norm == "pre"
   head_dim = config.key_dim if config.key_dim * config.num_heads != config.d_model else None
@@ -209,10 +214,7 @@ def export_huggingface(workdir: str | Path, output: str | Path, step: int | None
   marian.check_marian(config)  # before the checkpoint is read or anything written
   marian.transformers_library()
   rows = max_positions or default_max_positions(cfg)
-  longest = positions.get(config.positional).longest(config)
-  if longest is not None and rows > longest:
-    raise ConfigError(f"--max_positions={rows} is past the {config.positional} position table "
-                      f"({longest} rows, config.model.max_len)")
+  check_rows(config, rows)
   with _staged(output) as staging:
     run = load_run(workdir, step, average_last)
     marian.write_marian(staging, run.config, run.model.config, run.params(ema),

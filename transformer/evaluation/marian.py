@@ -56,15 +56,10 @@ def transformers_library():
   return transformers
 
 
-def _adds_a_table(kind: str) -> bool:
-  return (positions.get(kind).added_tables.__func__
-          is not positions.PositionalEncoding.added_tables.__func__)
-
-
 def check_marian(config: ModelConfig) -> None:
   """Raises a one-line ConfigError where Marian's architecture cannot hold the model."""
-  if not _adds_a_table(config.positional):
-    tables = " or ".join(k for k in positions.kinds() if _adds_a_table(k))
+  if not positions.adds_tables(config.positional):
+    tables = " or ".join(k for k in positions.kinds() if positions.adds_tables(k))
     raise ConfigError(f"Marian cannot hold {config.positional!r} positions: it adds one position "
                       f"table to each stack's embeddings, and {config.positional!r} acts inside "
                       f"attention; export a run with {tables} positions, or use "

@@ -18,6 +18,7 @@ from transformer.model.positions.base import (
   Key,
   PositionalEncoding,
   Terms,
+  adds_tables,
   all_keys,
   check_config,
   get,
@@ -34,5 +35,5 @@ for _name in (*_LISTED, *sorted(m.name for m in pkgutil.iter_modules(__path__)))
   if _name != "base":
     importlib.import_module(f"{__name__}.{_name}")
 
-__all__ = ["Drawing", "Key", "PositionalEncoding", "Terms", "all_keys", "check_config", "get",
-           "kinds", "option", "positive_param", "register"]
+__all__ = ["Drawing", "Key", "PositionalEncoding", "Terms", "adds_tables", "all_keys",
+           "check_config", "get", "kinds", "option", "positive_param", "register"]

@@ -152,6 +152,11 @@ def positive_param(module: nn.Module, name: str, value: float, shape: tuple[int,
   return jax.nn.softplus(stored)
 
 
+def adds_tables(kind: str) -> bool:
+  """Whether the kind is a position table added to the embeddings (it defines `added_tables`)."""
+  return get(kind).added_tables.__func__ is not PositionalEncoding.added_tables.__func__
+
+
 def ctranslate2_layers(encoder: Any, decoder: Any) -> Iterator[tuple[str, int, Any]]:
   """(stack, layer number, layer spec) of every layer of CTranslate2's encoder and decoder specs:
   what a kind that acts in each self-attention layer fills in (`export`)."""
