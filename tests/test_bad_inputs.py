@@ -297,6 +297,10 @@ CASES = {
         "sweeps.run", (*GRID, "--root={tmp}/copy", "--test_dir={tmp}"),
         "6 test file(s) missing in {tmp}: test_2016_flickr.en.gz, test_2016_flickr.de.gz, ",
         prepare=grid_of),
+    "grid scored with two minimum lengths": Case(
+        "sweeps.run", (*GRID, "--root={tmp}/copy", "--min_len=1", "--also_min_len=2"),
+        "pass --min_len=N (score with N instead of the config's search) or --also_min_len=N "
+        "(score both ways), not both", prepare=grid_of),
     # ------------------------------------------------------------------------------------ export
     "export of a non-workdir": Case("evaluation.export", ("--workdir={tmp}", "--format=huggingface",
                                                           "--output={new}"),

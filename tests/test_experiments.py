@@ -458,9 +458,10 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
     assert found["final/dev_bleu"] == pytest.approx(float(row["dev_bleu"]))
     assert found["final/test_2017_flickr_bleu"] == pytest.approx(float(row["test_2017_flickr_bleu"]))
 
-  # The same checkpoints with a minimum output length: evaluated again under their own report
-  # names, tabulated in min_len1/; nothing trained, the default search's reports and table kept.
-  shortest = run_experiment(*common, "--min_len=1")
+  # The same checkpoints with a minimum output length, beside the config's search: evaluated again
+  # under their own report names, kept in the record, tabulated in min_len1/ (and the record's);
+  # nothing trained, the default search's reports and table kept.
+  shortest = run_experiment(*common, f"--record={tmp_path / 'record'}", "--also_min_len=1")
   assert shortest.returncode == 0, shortest.stderr
   assert shortest.stderr.count("skipping training") == 2
   assert shortest.stderr.count("evaluating -> ") == 10 and "validation_step6_min1.json" in shortest.stderr
@@ -471,14 +472,20 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
       assert float(row["long_bleu"]) == pytest.approx(report["sacrebleu"]["bleu"])
       assert report["decode"]["min_len"] == 1
   assert "--min_len=1" in (root / "min_len1/commands.sh").read_text()
+  assert (tmp_path / "record/min_len1/results.md").read_text() == (root / "min_len1/results.md").read_text()
+  assert not (tmp_path / "record/min_len1/runs").exists()  # the runs are kept once, in the record's runs/
+  # --min_len=1 alone now only tabulates what --also_min_len scored.
+  tabulated = run_experiment(*common, "--min_len=1")
+  assert tabulated.returncode == 0, tabulated.stderr
+  assert tabulated.stderr.count("evaluated already") == 2 and "evaluating -> " not in tabulated.stderr
 
   # A fresh checkout holds the record but no workdirs: the kept results (no checkpoints) are
   # restored, nothing is trained or evaluated again, and the table reads the same.
   kept = tmp_path / "record/runs/learned/seed0"
-  assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file()) == [
-      "config.json", "eval/long_step6.hyp.txt", "eval/long_step6.json",
-      *[f"eval/{name}_step6.{ext}" for name in test_sets.HELD_OUT for ext in ("hyp.txt", "json")],
-      "eval/validation_step6.hyp.txt", "eval/validation_step6.json", "metrics.jsonl"]
+  assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file()) == sorted([
+      "config.json", "metrics.jsonl",
+      *[f"eval/{name}_step6{search}.{ext}" for name in ("long", "validation", *test_sets.HELD_OUT)
+        for search in ("", "_min1") for ext in ("hyp.txt", "json")]])
   assert not list(kept.rglob("checkpoints"))
   table_csv = (root / "results.csv").read_text()
   shutil.rmtree(root)
@@ -513,11 +520,20 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
           f"({learned['machine']}; its base: another {learned['machine']}).") in (
               root / "results.md").read_text()
   assert "its Δ and p include that difference" in paired.stderr
-  # Their checkpoints are gone, so a new evaluation of them fails clearly instead of retraining.
-  again = run_experiment(*common, f"--record={tmp_path / 'record'}", "--min_len=1")
+  # Their checkpoints are gone, so a new evaluation of them fails clearly instead of retraining;
+  # their --min_len=1 scores came with them from the record.
+  again = run_experiment(*common, f"--record={tmp_path / 'record'}", "--min_len=2")
   assert again.returncode != 0 and "training to step" not in again.stderr
   assert ("learned seed 0: its results were restored from the record without checkpoints, so it "
-          "cannot be evaluated again (validation_step6_min1.json") in again.stderr
+          "cannot be evaluated again (validation_step6_min2.json") in again.stderr
+  # As extra evaluations of the main command, they are only missing from their own table.
+  extra = run_experiment(*common, f"--record={tmp_path / 'record'}", "--also_min_len=2")
+  assert extra.returncode == 0, extra.stderr
+  assert ("learned seed 0: no checkpoint of its last step here (results restored from a record), "
+          "so not scored for --also_min_len (validation_step6_min2.json") in extra.stderr
+  with (root / "min_len2/results.csv").open() as f:
+    assert [(r["variant"], r["dev_bleu"]) for r in csv.DictReader(f)] == [("sinusoidal", ""),
+                                                                          ("learned", "")]
   assert not list(root.rglob("checkpoints"))
 
 

@@ -8,9 +8,10 @@
 # What the grid changes from the README's single run: it keeps the last 2 checkpoints, not 20 (the
 # study scores the last; 1.6 GB a run otherwise). Re-running resumes a killed run from its last
 # checkpoint, skips finished ones, restores those kept in the record (a fresh checkout) and rebuilds
-# the record; `--collect_only` only rebuilds it. The second command scores the same checkpoints with
-# at least one token per translation (transformer-eval --min_len=1): the empty translations the
-# paper's search allows are not spread evenly over the variants (min_len1/).
+# the record; `--collect_only` only rebuilds it. Each run is also scored with at least one token per
+# translation (transformer-eval --min_len=1) as soon as it is trained, while its checkpoints exist
+# (runs move between machines without them), tabulated in min_len1/: the empty translations the
+# paper's search allows are not spread evenly over the variants.
 #   bash experiments/recipes/positional.sh TEST_DIR [ROOT] [--collect_only]
 #   (ROOT: runs/experiments/positional_full; fetch TEST_DIR once with a network:
 #    for f in test_2016_flickr test_2017_flickr test_2017_mscoco; do for l in en de; do
@@ -18,8 +19,6 @@
 set -euo pipefail
 test_dir=${1:?"pass the folder of Multi30k's test sets (see this script's header)"}
 root=${2:-runs/experiments/positional_full}
-common=(--base=configs/multi30k.py --base.train.keep_checkpoints=2 --seeds=3 --root="$root"
-        --test_dir="$test_dir")
-transformer-experiment positional "${common[@]}" --record=experiments/results/positional_full "${@:3}"
-transformer-experiment positional "${common[@]}" --min_len=1 \
-  --record=experiments/results/positional_full/min_len1 "${@:3}"
+transformer-experiment positional --base=configs/multi30k.py --base.train.keep_checkpoints=2 \
+  --seeds=3 --root="$root" --test_dir="$test_dir" --also_min_len=1 \
+  --record=experiments/results/positional_full "${@:3}"

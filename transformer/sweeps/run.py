@@ -26,7 +26,9 @@ TensorBoard's HParams dashboard (`tensorboard --logdir ROOT`; transformer/sweeps
 `--test_dir=DIR` also scores every run on the held-out test sets in DIR (Multi30k's official test
 sets, which the project does not bundle), tabulated beside the dev set's with their own Δ and p.
 `--min_len=N` scores the same checkpoints with a minimum output length (reports `_min<N>`, tables in
-ROOT/min_len<N>/).
+ROOT/min_len<N>/). `--also_min_len=N` scores every run both ways as soon as it is trained, while
+its checkpoints exist, and writes both searches' tables (ROOT/min_len<N>/, and the record's
+min_len<N>/): a grid whose runs move between machines without their checkpoints needs it.
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ class Run:
   config: ml_collections.ConfigDict
   train: list[str]
   evals: dict[str, Evaluation]  # test set ('dev', 'long', ...) -> its evaluation
+  # Evaluations for another table (--also_min_len), made while the checkpoints exist; a run
+  # restored without them is finished all the same.
+  extra: tuple[Evaluation, ...] = ()
 
   @property
   def label(self) -> str:
@@ -150,6 +155,13 @@ def selected(runs: list[Run], grid: Grid, names: list[str] | None) -> list[Run]:
   return [run for run in runs if run.variant.name in wanted]
 
 
+def with_extra(runs: list[Run], other: list[Run]) -> list[Run]:
+  """`runs`, each also given the evaluations of its run in `other` (the same grid planned with
+  another search) as extra ones."""
+  extra = {(run.variant.name, run.seed): tuple(run.evals.values()) for run in other}
+  return [dataclasses.replace(run, extra=extra[run.variant.name, run.seed]) for run in runs]
+
+
 # A finished run's results without its checkpoints (kilobytes, not gigabytes): what collecting the
 # tables reads from a workdir.
 KEPT_FILES = ("config.json", METRICS_FILE, "eval/*.json", "eval/*.hyp.txt")
@@ -216,12 +228,18 @@ def run_all(runs: list[Run], record: Path | None = None) -> list[str]:
   failures = []
   for i, run in enumerate(runs, 1):
     prefix = f"[{i}/{len(runs)}] {run.label}"
-    if evaluated(run):
-      log.info("%s: evaluated already, skipping training and evaluation", prefix)
+    done = results.trained_steps(run.workdir)
+    todo = [e for e in (*run.evals.values(), *run.extra) if not e.report.is_file()]
+    if evaluated(run) and (not todo or done < run.config.train.steps):
+      if todo:
+        log.warning("%s: no checkpoint of its last step here (results restored from a record), "
+                    "so not scored for --also_min_len (%s); that table will lack it", prefix,
+                    ", ".join(e.report.name for e in todo))
+      else:
+        log.info("%s: evaluated already, skipping training and evaluation", prefix)
       if record:
         keep_results(run, record)
       continue
-    done = results.trained_steps(run.workdir)
     if done < run.config.train.steps <= results.recorded_steps(run.workdir):
       failures.append(f"{run.label}: its results were restored from the record without checkpoints, "
                       f"so it cannot be evaluated again ({', '.join(missing(run))}); evaluate it on "
@@ -242,9 +260,7 @@ def run_all(runs: list[Run], record: Path | None = None) -> list[str]:
         log.error("%s", failures[-1])
         continue
       log.info("%s: trained in %s", prefix, format_duration(time.time() - t))
-    for report, _, command in run.evals.values():
-      if report.is_file():
-        continue
+    for report, _, command in todo:
       log.info("%s: evaluating -> %s", prefix, report.name)
       status = execute(command, run.workdir / "eval.log")
       if status != 0:
@@ -262,6 +278,38 @@ def command_lines(runs: list[Run]) -> list[str]:
   """One shell line per run: its training, then its evaluations."""
   return [" && ".join(shlex.join(c) for c in [run.train] + [e.command for e in run.evals.values()])
           for run in runs]
+
+
+def tables_folder(root: Path, min_len: int | None) -> Path:
+  """Where a grid's tables of one search go: ROOT for the config's, ROOT/min_len<N>/ for --min_len."""
+  return root if min_len is None else root / f"min_len{min_len}"
+
+
+def tabulate(runs: list[Run], grid: Grid, base: ml_collections.ConfigDict, files: dict[str, dict],
+             held_out: list[str], root: Path, min_len: int | None,
+             pairs: dict[tuple[str, int], Path] | None) -> list[Path]:
+  """Writes the tables, plots and command lines of `runs` (planned with `min_len`, None: the
+  config's search) in tables_folder; returns the files written."""
+  tables = tables_folder(root, min_len)
+  table = results.collect(runs)
+  references = {"dev": sources.load_split(base.data, base.data.eval_split).target}
+  references.update({name: sources.read_lines(f["reference_file"]) for name, f in files.items()})
+  results.add_significance(table, runs, references, pairs)
+  dev_sources = None
+  if grid.by_length:
+    dev_sources = sources.load_split(base.data, base.data.eval_split).source
+    by_length.add_buckets(table, runs, dev_sources, references["dev"], results.translations)
+  written = results.write(table, grid, tables, base.decode.min_len if min_len is None else min_len,
+                          dev_sources, {name: references[name] for name in held_out})
+  if min_len is None:  # the dashboard shows the config's search, as the main table
+    hparams.write(table, runs, grid, root, [*grid.test_sets, *held_out])
+  commands = tables / "commands.sh"
+  commands.write_text(f"# {grid.name}: every run's commands (train && evaluate), one line each\n"
+                      + "\n".join(command_lines(runs)) + "\n")
+  written.append(commands)
+  written += [root / "test_sets" / f"{name}.json" for name in grid.test_sets]  # test_sets.build's
+  log.info("Wrote %s", ", ".join(str(p) for p in written))
+  return written
 
 
 def base_arguments(argv: list[str]) -> list[str]:
@@ -282,9 +330,13 @@ def main(argv: list[str]) -> None:
     raise app.UsageError("pass --base=configs/multi30k.py (the config every variant changes)")
   if FLAGS.seeds < 1:
     raise app.UsageError(f"--seeds must be at least 1, got {FLAGS.seeds}")
-  if FLAGS.min_len is not None and FLAGS.min_len < 0:
-    raise app.UsageError(f"--min_len must be >= 0 (0 = an empty translation is allowed), got "
-                         f"{FLAGS.min_len}")
+  for name in ("min_len", "also_min_len"):
+    if getattr(FLAGS, name) is not None and getattr(FLAGS, name) < 0:
+      raise app.UsageError(f"--{name} must be >= 0 (0 = an empty translation is allowed), got "
+                           f"{getattr(FLAGS, name)}")
+  if FLAGS.also_min_len is not None and FLAGS.min_len is not None:
+    raise app.UsageError("pass --min_len=N (score with N instead of the config's search) or "
+                         "--also_min_len=N (score both ways), not both")
   started = time.time()
   grid = load_grid(argv[1])
   root = Path(FLAGS.root or f"runs/experiments/{grid.name}")
@@ -305,8 +357,11 @@ def main(argv: list[str]) -> None:
   files.update(held_out)
   runs = plan(grid, base, base_arguments(sys.argv), seeds, root, files, FLAGS.min_len)
   to_run = selected(runs, grid, FLAGS.only)
+  shortest = None  # the runs scored with --also_min_len: extra evaluations, their own tables
+  if FLAGS.also_min_len is not None:
+    shortest = plan(grid, base, base_arguments(sys.argv), seeds, root, files, FLAGS.also_min_len)
+    to_run = with_extra(to_run, shortest)
   pairs = results.read_pairs(Path(FLAGS.pairs), runs) if FLAGS.pairs else None
-  tables = root if FLAGS.min_len is None else root / f"min_len{FLAGS.min_len}"
   log.info("Experiment %s: %d variants x %d seeds = %d runs in %s", grid.name, len(grid.variants),
            len(seeds), len(runs), root)
   if FLAGS.only:
@@ -321,29 +376,16 @@ def main(argv: list[str]) -> None:
   if record and FLAGS.collect_only:
     for run in filter(evaluated, runs):
       keep_results(run, record)
-  table = results.collect(runs)
-  references = {"dev": sources.load_split(base.data, base.data.eval_split).target}
-  references.update({name: sources.read_lines(f["reference_file"]) for name, f in files.items()})
-  results.add_significance(table, runs, references, pairs)
-  dev_sources = None
-  if grid.by_length:
-    dev_sources = sources.load_split(base.data, base.data.eval_split).source
-    by_length.add_buckets(table, runs, dev_sources, references["dev"], results.translations)
-  written = results.write(table, grid, tables,
-                          base.decode.min_len if FLAGS.min_len is None else FLAGS.min_len,
-                          dev_sources, {name: references[name] for name in held_out})
-  if FLAGS.min_len is None:  # the dashboard shows the config's search, as the main table
-    hparams.write(table, runs, grid, root, [*grid.test_sets, *held_out])
-  commands = tables / "commands.sh"
-  commands.write_text(f"# {grid.name}: every run's commands (train && evaluate), one line each\n"
-                      + "\n".join(command_lines(runs)) + "\n")
-  written.append(commands)
-  written += [root / "test_sets" / f"{name}.json" for name in grid.test_sets]  # test_sets.build's
-  log.info("Wrote %s", ", ".join(str(p) for p in written))
+  written = tabulate(runs, grid, base, files, list(held_out), root, FLAGS.min_len, pairs)
   if record:
     records.record(written, record, f"Experiment `{grid.name}`",
                    time.time() - started, ["transformer-experiment", *sys.argv[1:]])
-  print((tables / "results.md").read_text())
+  if shortest:
+    written = tabulate(shortest, grid, base, files, list(held_out), root, FLAGS.also_min_len, pairs)
+    if record:
+      records.record(written, record / f"min_len{FLAGS.also_min_len}", f"Experiment `{grid.name}`",
+                     time.time() - started, ["transformer-experiment", *sys.argv[1:]])
+  print((tables_folder(root, FLAGS.min_len) / "results.md").read_text())
   if failures:
     sys.exit("transformer-experiment: error: some runs failed:\n  " + "\n  ".join(failures))
 
@@ -367,6 +409,11 @@ def run() -> None:
   flags.DEFINE_integer("min_len", None, "Evaluate with transformer-eval --min_len=N (at least N "
                        "tokens per translation; 1 rules out the empty one) instead of the config's "
                        "search; the tables go to ROOT/min_len<N>/, beside the default search's.")
+  flags.DEFINE_integer("also_min_len", None, "Also score every run with transformer-eval "
+                       "--min_len=N as soon as it is trained, while its checkpoints exist (reports "
+                       "_min<N>, kept in the record with the rest), and write that search's tables "
+                       "too, in ROOT/min_len<N>/ (and the record's min_len<N>/): both searches from "
+                       "a grid whose runs move between machines without their checkpoints.")
   flags.DEFINE_string("test_dir", None, "Also score every run on the held-out test sets in this "
                       "folder (Multi30k's test_2016_flickr, test_2017_flickr and test_2017_mscoco, "
                       "the release's raw files, .gz or plain: not bundled, download them once), "
