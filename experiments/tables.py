@@ -35,10 +35,10 @@ def table(name: str) -> Callable[[Callable[[], str]], Callable[[], str]]:
   return register
 
 
-def _mean_sd(values: list[float], digits: int = 2) -> str:
-  if len(values) == 1:
-    return f"{values[0]:.{digits}f}"
-  return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+def _mean_sd(values: list[float], digits: int = 2, sign: str = "") -> str:
+  """'mean ± sample standard deviation' ('+' for `sign`: the mean with its sign, for differences)."""
+  mean = f"{statistics.mean(values):{sign}.{digits}f}"
+  return mean if len(values) == 1 else f"{mean} ± {statistics.stdev(values):.{digits}f}"
 
 
 def _markdown_rows(path: Path) -> dict[str, list[str]]:
@@ -51,9 +51,29 @@ def _markdown_rows(path: Path) -> dict[str, list[str]]:
   return rows
 
 
-def _default_runs() -> list[dict[str, str]]:
-  with open(RESULTS / "positional_full" / "results.csv") as f:
-    return list(csv.DictReader(f))
+STUDY = RESULTS / "positional_full"  # the positional study: every kind, 3 seeds, the default run
+HELD_OUT = {"test_2016_flickr": "test2016", "test_2017_flickr": "test2017", "test_2017_mscoco": "MSCOCO"}
+
+
+def _study_runs(variant: str | None = None) -> list[dict[str, str]]:
+  """The study's finished runs (results.csv rows), of one kind or all."""
+  with open(STUDY / "results.csv") as f:
+    return [r for r in csv.DictReader(f)
+            if r["finished"] == "True" and variant in (None, r["variant"])]
+
+
+def _floats(rows: list[dict[str, str]], key: str) -> list[float]:
+  return [float(r[key]) for r in rows if r.get(key)]
+
+
+def _cpu_name(machine: str) -> str:
+  """'Intel(R) Xeon(R) Processor (GenuineIntel family 6 model 167), 1 cpu device(s), JAX 0.10.2'
+  -> 'Intel Xeon (family 6 model 167)': a results.csv machine, short enough for a table cell."""
+  cpu = machine.split("), ")[0] + ")" if "), " in machine else machine
+  name, _, ids = cpu.partition(" (")
+  name = name.replace("(R)", "").replace(" Processor", "").strip()
+  ids = " ".join(word for word in ids.rstrip(")").split() if not word.startswith(("Genuine", "Authentic")))
+  return f"{name} ({ids})" if ids else name
 
 
 # ------------------------------------------------------------------------------------- README
@@ -128,13 +148,12 @@ def paper() -> str:
 @table("multi30k")
 def multi30k() -> str:
   """The bundled task's recipes: validation and Multi30k's test sets, mean over seeds."""
-  default = [r for r in _default_runs() if r["variant"] == "sinusoidal"]
-  bleu = [float(r["dev_ema_bleu"]) for r in default]
-  minutes = [float(r["train_sec"]) / 60 for r in default]
-  lines = [f"Default run (`configs/multi30k.py`), {len(default)} seeds: validation sacreBLEU "
-           f"**{_mean_sd(bleu)}**, {statistics.mean(minutes):.0f} minutes of training each on a "
-           "2-core AMD EPYC (Zen 4) VM (record: `experiments/results/positional_full/`).", "",
-           "| recipe, lowercased tokenized BLEU (sacreBLEU) | validation | test2016 | test2017 | "
+  default = _study_runs("sinusoidal")
+  seeds = f"{len(default)} seed{'s' if len(default) > 1 else ''}"
+  lines = [f"Default run (`configs/multi30k.py`), {seeds}: validation "
+           f"sacreBLEU **{_mean_sd(_floats(default, 'dev_ema_bleu'))}** (the sinusoidal runs of the "
+           "positional study; record, with each run's machine: `experiments/results/positional_full/`).",
+           "", "| recipe, lowercased tokenized BLEU (sacreBLEU) | validation | test2016 | test2017 | "
            "MSCOCO | record |", "|---|---|---|---|---|---|"]
   recipes = [("En→De default, 2 seeds", "multi30k_test_sets/en-de"),
              ("En→De bf16 (`configs/multi30k_bf16.py`), 2 seeds", "multi30k_bf16_test_sets/en-de"),
@@ -159,19 +178,43 @@ def multi30k() -> str:
 @table("positional")
 def positional() -> str:
   """Table 3 row E on Multi30k: sinusoidal against learned positions over seeds."""
-  runs = _default_runs()
-  lines = ["| positions | seeds | validation sacreBLEU | long sentences (50–82 tokens) | Δ validation "
-           "| paired bootstrap p (each seed) | parameters | minutes |", "|---|---|---|---|---|---|---|---|"]
+  lines = ["| positions | seeds | validation sacreBLEU | long sentences (50–82 tokens) | test2016 | "
+           "Δ validation | paired bootstrap p (each seed) | parameters |", "|---|---|---|---|---|---|---|---|"]
   for variant in ("sinusoidal", "learned"):
-    rows = [r for r in runs if r["variant"] == variant]
-    deltas = [float(r["dev_delta"]) for r in rows if r["dev_delta"]]
-    ps = " / ".join(f"{float(r['dev_p']):.3f}" for r in rows if r["dev_p"])
+    rows = _study_runs(variant)
+    deltas = _floats(rows, "dev_delta")
+    ps = " / ".join(f"{p:.3f}" for p in _floats(rows, "dev_p"))
     lines.append(
-        f"| {variant} | {len(rows)} | {_mean_sd([float(r['dev_ema_bleu']) for r in rows])} | "
-        f"{_mean_sd([float(r['long_ema_bleu']) for r in rows])} | "
-        f"{_mean_sd(deltas) if deltas else '–'} | {ps or '–'} | "
-        f"{int(rows[0]['params']) / 1e6:.2f}M | "
-        f"{statistics.mean(float(r['train_sec']) for r in rows) / 60:.0f} |")
+        f"| {variant} | {len(rows)} | {_mean_sd(_floats(rows, 'dev_ema_bleu'))} | "
+        f"{_mean_sd(_floats(rows, 'long_ema_bleu'))} | "
+        f"{_mean_sd(_floats(rows, 'test_2016_flickr_ema_bleu'))} | "
+        f"{_mean_sd(deltas, sign='+') if deltas else '–'} | {ps or '–'} | {int(rows[0]['params']) / 1e6:.2f}M |")
+  return "\n".join(lines)
+
+
+@table("positional-study")
+def positional_study() -> str:
+  """Every positional kind at the full default recipe: BLEU on each set (the moving average's),
+  the difference from the sinusoids of the same seed and its paired bootstrap p, the machines."""
+  with open(STUDY / "results.csv") as f:
+    kinds = list(dict.fromkeys(r["variant"] for r in csv.DictReader(f)))
+  sets = {"dev": "validation", "long": "long", **HELD_OUT}
+  lines = ["| kind | seeds | " + " | ".join(sets.values()) + " | Δ validation (p) | Δ long (p) | "
+           "trained on |", "|---|---|" + "---|" * len(sets) + "---|---|---|"]
+  for kind in kinds:
+    rows = _study_runs(kind)
+    if not rows:
+      lines.append(f"| {kind} | 0 | " + " | ".join("–" for _ in sets) + " | – | – | |")
+      continue
+    cells = [_mean_sd(_floats(rows, f"{name}_ema_bleu")) for name in sets]
+    differences = []
+    for name in ("dev", "long"):
+      deltas, ps = _floats(rows, f"{name}_delta"), _floats(rows, f"{name}_p")
+      p_values = " / ".join(f"{p:.3f}" for p in ps)
+      differences.append(f"{_mean_sd(deltas, sign='+')} ({p_values})" if deltas else "–")
+    machines = ", ".join(sorted({_cpu_name(r["machine"]) for r in rows if r["machine"]}))
+    lines.append(f"| {kind} | {len(rows)} | {' | '.join(cells)} | {' | '.join(differences)} | "
+                 f"{machines} |")
   return "\n".join(lines)
 
 

@@ -76,3 +76,11 @@ def test_input_table_reads_what_the_record_says(tmp_path):
   assert "| both | **6.0 min** |" in text  # 60 s + 300 s
   assert "| dropped: empty / over-long / length ratio > 9 | 9,000 / 4,500 / 9,000 |" in text
   assert "| injected by the generator | 9,000 / 4,500 / 9,000 |" in text
+
+
+def test_a_results_csv_machine_is_shortened_to_its_cpu_and_its_family_and_model_numbers():
+  assert tables._cpu_name("Intel(R) Xeon(R) Processor (GenuineIntel family 6 model 167), 1 cpu "
+                          "device(s), JAX 0.10.2") == "Intel Xeon (family 6 model 167)"
+  assert tables._cpu_name("AMD EPYC (AuthenticAMD family 25 model 1), 1 cpu device(s), JAX 0.10.2"
+                          ) == "AMD EPYC (family 25 model 1)"
+  assert tables._cpu_name("AMD EPYC") == "AMD EPYC"

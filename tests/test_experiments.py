@@ -534,6 +534,8 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   with (root / "min_len2/results.csv").open() as f:
     assert [(r["variant"], r["dev_bleu"]) for r in csv.DictReader(f)] == [("sinusoidal", ""),
                                                                           ("learned", "")]
+  assert ("2 of 2 runs finished, 0 of them evaluated with these settings (a run whose last "
+          "checkpoint is gone") in (root / "min_len2/results.md").read_text()
   assert not list(root.rglob("checkpoints"))
 
 

@@ -319,11 +319,15 @@ def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0,
                for r in rows if other_machine(r)]
 
   finished = [r for r in rows if r["finished"]]
+  unscored = [r for r in finished if r.get("dev_bleu") is None]
   train_sec = sum(r["train_sec"] for r in rows)
   eval_sec = sum(r["eval_sec"] for r in rows)
   md = [f"# Experiment `{grid.name}`", "",
         markdown_table(rows, grid), "",
-        f"{len(finished)} of {len(rows)} runs finished. Mean ± sample standard deviation over seeds; "
+        f"{len(finished)} of {len(rows)} runs finished"
+        + (f", {len(finished) - len(unscored)} of them evaluated with these settings (a run whose "
+           "last checkpoint is gone, e.g. restored from a record, cannot be evaluated anew)"
+           if unscored else "") + ". Mean ± sample standard deviation over seeds; "
         "PPL is the dev perplexity per target subword token at the last step (teacher-forced); BLEU "
         "is sacreBLEU from transformer-eval (beam search, the config's decode settings"
         + (f" with --min_len={min_len}: no translation shorter than {min_len} token(s)" if min_len
