@@ -198,6 +198,8 @@ def test_a_records_own_rewritten_files_do_not_mark_its_commit_as_uncommitted(tmp
   head = git("rev-parse", "--short=12", "HEAD").stdout.decode().strip()
   assert records.commit(tmp_path / "record") == head
   assert records.commit().endswith(" + uncommitted changes")
+  records.record([], tmp_path / "record" / "min_len1", "Nested", 60.0, ["cmd"], tmp_path / "record")
+  assert f"- commit: {head}\n" in (tmp_path / "record" / "min_len1" / "README.md").read_text()
   (tmp_path / "code.py").write_text("x = 2\n")  # a change to the code is one
   assert records.commit(tmp_path / "record").endswith(" + uncommitted changes")
 

@@ -61,8 +61,10 @@ def _notes(readme: Path) -> str:
 
 
 def record(files: Sequence[Path], folder: Path, title: str, wall_seconds: float,
-           command: Sequence[str] | None = None) -> None:
-  """Copies the experiment's `files` that exist into `folder` and writes its README.md."""
+           command: Sequence[str] | None = None, part_of: Path | None = None) -> None:
+  """Copies the experiment's `files` that exist into `folder` and writes its README.md. `part_of`:
+  the record that `folder` sits in, written by the same command, whose rewritten files do not make
+  the code 'uncommitted' either."""
   folder.mkdir(parents=True, exist_ok=True)
   copied = []
   for path in files:
@@ -72,7 +74,7 @@ def record(files: Sequence[Path], folder: Path, title: str, wall_seconds: float,
   command = list(command) if command is not None else [Path(sys.argv[0]).name, *sys.argv[1:]]
   readme = [f"# {title}", "", "Written by the recording tool (transformer/sweeps/records.py); "
             "rerun the command to rebuild this folder.", "",
-            *provenance(command, wall_seconds, folder), "",
+            *provenance(command, wall_seconds, part_of or folder), "",
             "Files: " + ", ".join(f"`{name}`" for name in sorted(copied)), ""]
   (folder / "README.md").write_text("\n".join(readme) + _notes(folder / "README.md"))
   log.info("Recorded %d files in %s", len(copied), folder)

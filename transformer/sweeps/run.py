@@ -384,7 +384,7 @@ def main(argv: list[str]) -> None:
     written = tabulate(shortest, grid, base, files, list(held_out), root, FLAGS.also_min_len, pairs)
     if record:
       records.record(written, record / f"min_len{FLAGS.also_min_len}", f"Experiment `{grid.name}`",
-                     time.time() - started, ["transformer-experiment", *sys.argv[1:]])
+                     time.time() - started, ["transformer-experiment", *sys.argv[1:]], record)
   print((tables_folder(root, FLAGS.min_len) / "results.md").read_text())
   if failures:
     sys.exit("transformer-experiment: error: some runs failed:\n  " + "\n  ".join(failures))
