@@ -281,6 +281,35 @@ def gpu_train_step() -> str:
   return "\n".join(lines)
 
 
+@table("gpu-whole-program")
+def gpu_whole_program() -> str:
+  """The default run on one GPU, where its wall time went per process (gpu_whole_program.sh: half
+  the steps, then resumed to the end), and the train step alone with XLA's autotuning on and off."""
+  from transformer.metrics import read_metrics
+  lines = ["| record | process | steps | start-up (data, model) | training loop | of it: compiling | "
+           "the steps | checkpoints, validation | target tokens/s of the steps |",
+           "|---|---|---|---|---|---|---|---|---|"]
+  probes = ["| record | XLA autotuning | compile (one shape) | step (median, p10–p90) | target tokens/s |",
+            "|---|---|---|---|---|"]
+  for folder in sorted((RESULTS / "gpu").glob("*-whole-program")):
+    name = f"`{folder.relative_to(RESULTS)}`"
+    for s in read_metrics(folder, "summary"):
+      lines.append(f"| {name} | {'resumed' if s['resumed_from'] else 'first'} | {s['resumed_from']}–"
+                   f"{s['steps']} | {s['startup_sec']:.0f} s | {s['train_time_sec']:.0f} s | "
+                   f"{s['compile_sec']:.0f} s | {s['steps_sec']:.0f} s | "
+                   f"{s['checkpoint_sec'] + s['validation_sec']:.0f} s | "
+                   f"{s['tokens_per_sec'] * s['train_time_sec'] / s['steps_sec'] / 1e3:,.0f}k |")
+    for level in ("default", "0"):
+      path = folder / f"autotune_{level}.json"
+      if path.is_file():
+        r = json.loads(path.read_text())
+        probes.append(f"| {name} | {'on (default)' if level == 'default' else 'off (level 0)'} | "
+                      f"{r['compile_sec']:.0f} s | {1e3 * r['step_sec_median']:.1f} ms "
+                      f"({1e3 * r['step_sec_p10']:.1f}–{1e3 * r['step_sec_p90']:.1f}) | "
+                      f"{r['target_tokens_per_sec'] / 1e3:,.0f}k |")
+  return "\n".join(lines + [""] + probes)
+
+
 @table("wmt-hours")
 def wmt_hours() -> str:
   """Hours to the paper's steps: measured on one H200 (the step alone), the rest arithmetic."""

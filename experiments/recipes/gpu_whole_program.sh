@@ -32,9 +32,9 @@ print(json.dumps({**hardware.describe(), "commit": subprocess.run(
     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}))
 PY
 # 1. the default run: half, resumed to the end, evaluated
-timed() { local name=$1; shift; local t0; t0=$(date +%s.%N)
+timed() { local name=$1; shift; local t0; t0=$(date +%s)  # whole seconds: no bc on every image
   "$@" 2> "$out/$name.log"; local rc=$?
-  echo "{\"$name\": {\"rc\": $rc, \"wall_sec\": $(echo "$(date +%s.%N) - $t0" | bc)}}" >> "$out/times.jsonl"
+  echo "{\"$name\": {\"rc\": $rc, \"wall_sec\": $(( $(date +%s) - t0 ))}}" >> "$out/times.jsonl"
   tail -2 "$out/$name.log" | cut -c1-300; }
 timed train_first_half transformer-train --config=configs/multi30k.py --workdir="$run" \
   --config.train.steps=$((steps / 2)) "${extra[@]}"
