@@ -297,6 +297,9 @@ CASES = {
         "sweeps.run", (*GRID, "--root={tmp}/copy", "--test_dir={tmp}"),
         "6 test file(s) missing in {tmp}: test_2016_flickr.en.gz, test_2016_flickr.de.gz, ",
         prepare=grid_of),
+    "grid with no runs at a time": Case(
+        "sweeps.run", (*GRID, "--root={tmp}/copy", "--parallel=0"),
+        "--parallel must be at least 1 (runs at a time), got 0"),
     "grid scored with two minimum lengths": Case(
         "sweeps.run", (*GRID, "--root={tmp}/copy", "--min_len=1", "--also_min_len=2"),
         "pass --min_len=N (score with N instead of the config's search) or --also_min_len=N "

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import matplotlib.image
@@ -934,3 +935,53 @@ def test_the_wall_time_split_sums_every_training_process_and_the_evaluations(tmp
   assert f"| run | 300 | {wall / 60:.1f} min | 25.0 min ({1500 / wall:.1%}) |" in text
   assert text.splitlines()[-1].startswith("| all | 300 |")
   assert wall_time.split(tmp_path) is None  # no metrics: skipped
+
+
+def test_runs_side_by_side_share_the_accelerator_and_one_failure_spares_the_others(tmp_path, monkeypatch):
+  from transformer.sweeps import run as sweep
+  cfg = ml_collections.ConfigDict({"train": {"steps": 6}})
+  runs = []
+  for name in ("a", "b", "c"):
+    workdir = tmp_path / name
+    report = workdir / "eval" / "validation_step6.json"
+    runs.append(sweep.Run(Variant(name, {}), 0, workdir, cfg, ["transformer-train", f"--workdir={workdir}"],
+                          {"dev": sweep.Evaluation(report, report, ["transformer-eval", f"--workdir={workdir}"])}))
+  monkeypatch.setattr(results, "trained_steps", lambda workdir: 0)
+  monkeypatch.setattr(results, "recorded_steps", lambda workdir: 0)
+  monkeypatch.delenv(sweep.MEMORY_FRACTION, raising=False)
+  together = threading.Barrier(2, timeout=30)  # breaks unless two trainings run at once
+  third_started = threading.Event()  # must not be set while the first two train: two at a time
+  fractions, overlaps = [], []
+
+  def fake_execute(command, log_file, env=None):
+    workdir = Path(command[1].removeprefix("--workdir="))
+    fractions.append(env[sweep.MEMORY_FRACTION])
+    if command[0] == "transformer-train":
+      if workdir.name == "c":
+        third_started.set()
+      else:
+        together.wait()
+        overlaps.append(third_started.wait(timeout=1))
+        together.wait()  # neither frees its slot before both have looked
+      return 0
+    if workdir.name == "b":
+      return 3
+    (workdir / "eval").mkdir(parents=True)
+    (workdir / "eval" / "validation_step6.json").write_text("{}")
+    return 0
+
+  monkeypatch.setattr(sweep, "execute", fake_execute)
+  failures = sweep.run_all(runs, tmp_path / "record", parallel=2)
+  assert len(failures) == 1 and failures[0].startswith("b seed 0: transformer-eval") and "exited with 3" in failures[0]
+  assert fractions == ["0.450"] * 6
+  assert overlaps == [False, False]
+  assert sorted(p.parent.parent.name for p in (tmp_path / "record" / "runs").rglob("seed0/eval")) == ["a", "c"]
+
+
+def test_one_run_at_a_time_inherits_the_environment_and_a_set_memory_fraction_is_kept(monkeypatch):
+  from transformer.sweeps import run as sweep
+  monkeypatch.delenv(sweep.MEMORY_FRACTION, raising=False)
+  assert sweep.side_by_side_env(1) is None
+  assert sweep.side_by_side_env(4)[sweep.MEMORY_FRACTION] == "0.225"
+  monkeypatch.setenv(sweep.MEMORY_FRACTION, "0.1")
+  assert sweep.side_by_side_env(4) is None

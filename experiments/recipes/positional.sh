@@ -12,7 +12,8 @@
 # translation (transformer-eval --min_len=1) as soon as it is trained, while its checkpoints exist
 # (runs move between machines without them), tabulated in min_len1/: the empty translations the
 # paper's search allows are not spread evenly over the variants.
-#   bash experiments/recipes/positional.sh TEST_DIR [ROOT] [--collect_only]
+#   bash experiments/recipes/positional.sh TEST_DIR [ROOT] [--collect_only | --parallel=N]
+#   (--parallel=N: N runs at a time, for one GPU; on a CPU one run already uses every core)
 #   (ROOT: runs/experiments/positional_full; fetch TEST_DIR once with a network:
 #    for f in test_2016_flickr test_2017_flickr test_2017_mscoco; do for l in en de; do
 #      curl -LO https://github.com/multi30k/dataset/raw/master/data/task1/raw/$f.$l.gz; done; done)

@@ -7,7 +7,8 @@
 Every run (variant x seed) is its own workdir, ROOT/<variant>/seed<k>, trained with transformer-train
 and scored with transformer-eval (the evaluation program, on the base config's dev split and on the
 grid's extra test sets). Runs go one after the other, seed by seed, so a partial experiment stays
-balanced. A run whose last checkpoint reached train.steps is not trained again, an interrupted one
+balanced; `--parallel=N` runs N at a time, for one GPU that several small runs share (on a CPU one
+run already uses every core). A run whose last checkpoint reached train.steps is not trained again, an interrupted one
 resumes from its last checkpoint, and an evaluation whose report exists is not repeated: re-running
 the same command picks up where it stopped. `--print_commands` prints one shell line per run instead,
 for a cluster scheduler; once they have finished, the same command without it collects the results.
@@ -33,8 +34,10 @@ min_len<N>/): a grid whose runs move between machines without their checkpoints 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
+import os
 import shlex
 import shutil
 import subprocess
@@ -212,66 +215,87 @@ def restore_results(runs: list[Run], record: Path) -> int:
 PROGRAMS = {"transformer-train": "transformer.training.train", "transformer-eval": "transformer.evaluation.evaluate"}
 
 
-def execute(command: list[str], log_file: Path) -> int:
-  """Runs one command with its output appended to `log_file`; returns the exit status."""
+def execute(command: list[str], log_file: Path, env: dict[str, str] | None = None) -> int:
+  """Runs one command with its output appended to `log_file` (`env`: the environment, None = this
+  process's); returns the exit status."""
   log_file.parent.mkdir(parents=True, exist_ok=True)
   with log_file.open("a") as out:
     out.write(f"$ {shlex.join(command)}\n")
     out.flush()
     argv = [sys.executable, "-m", PROGRAMS[command[0]], *command[1:]]
-    return subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+    return subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, check=False).returncode
 
 
-def run_all(runs: list[Run], record: Path | None = None) -> list[str]:
-  """Trains and evaluates what is not done yet, keeping each finished run's results in `record`
-  (if given); returns one line per failed run."""
-  failures = []
-  for i, run in enumerate(runs, 1):
-    prefix = f"[{i}/{len(runs)}] {run.label}"
-    done = results.trained_steps(run.workdir)
-    todo = [e for e in (*run.evals.values(), *run.extra) if not e.report.is_file()]
-    if evaluated(run) and (not todo or done < run.config.train.steps):
-      if todo:
-        log.warning("%s: no checkpoint of its last step here (results restored from a record), "
-                    "so not scored for --also_min_len (%s); that table will lack it", prefix,
-                    ", ".join(e.report.name for e in todo))
-      else:
-        log.info("%s: evaluated already, skipping training and evaluation", prefix)
-      if record:
-        keep_results(run, record)
-      continue
-    if done < run.config.train.steps <= results.recorded_steps(run.workdir):
-      failures.append(f"{run.label}: its results were restored from the record without checkpoints, "
-                      f"so it cannot be evaluated again ({', '.join(missing(run))}); evaluate it on "
-                      f"the machine that trained it, or delete {run.workdir} to train it again")
-      log.error("%s", failures[-1])
-      continue
-    if done >= run.config.train.steps:
-      log.info("%s: trained (step %d), skipping training", prefix, done)
+# What JAX on a GPU takes by default (75% of its memory) leaves nothing for a second process: runs
+# side by side share it out, leaving a tenth for the driver and XLA's autotuning.
+MEMORY_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+
+
+def side_by_side_env(parallel: int) -> dict[str, str] | None:
+  """The environment of runs trained `parallel` at a time: None (this process's) for one at a
+  time, else each given 0.9 / parallel of an accelerator's memory, unless the caller set it."""
+  if parallel == 1 or MEMORY_FRACTION in os.environ:
+    return None
+  return {**os.environ, MEMORY_FRACTION: f"{0.9 / parallel:.3f}"}
+
+
+def run_all(runs: list[Run], record: Path | None = None, parallel: int = 1) -> list[str]:
+  """Trains and evaluates what is not done yet, `parallel` runs at a time, keeping each finished
+  run's results in `record` (if given); returns one line per failed run."""
+  env = side_by_side_env(parallel)
+  jobs = [(f"[{i}/{len(runs)}] {run.label}", run) for i, run in enumerate(runs, 1)]
+  if parallel == 1:
+    outcomes = [run_one(prefix, run, record, env) for prefix, run in jobs]
+  else:
+    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+      outcomes = list(pool.map(lambda job: run_one(*job, record, env), jobs))
+  return [failure for failure in outcomes if failure]
+
+
+def run_one(prefix: str, run: Run, record: Path | None, env: dict[str, str] | None) -> str | None:
+  """Trains and evaluates one run as far as it is not done; returns why it failed, or None."""
+  done = results.trained_steps(run.workdir)
+  todo = [e for e in (*run.evals.values(), *run.extra) if not e.report.is_file()]
+  if evaluated(run) and (not todo or done < run.config.train.steps):
+    if todo:
+      log.warning("%s: no checkpoint of its last step here (results restored from a record), "
+                  "so not scored for --also_min_len (%s); that table will lack it", prefix,
+                  ", ".join(e.report.name for e in todo))
     else:
-      what = f"resuming from step {done}" if done else "training"
-      log.info("%s: %s to step %d (log: %s)", prefix, what, run.config.train.steps,
-               run.workdir / "train.log")
-      t = time.time()
-      status = execute(run.train, run.workdir / "train.log")
-      if status != 0:
-        failures.append(f"{run.label}: transformer-train exited with {status}; see "
-                        f"{run.workdir / 'train.log'}")
-        log.error("%s", failures[-1])
-        continue
-      log.info("%s: trained in %s", prefix, format_duration(time.time() - t))
-    for report, _, command in todo:
-      log.info("%s: evaluating -> %s", prefix, report.name)
-      status = execute(command, run.workdir / "eval.log")
-      if status != 0:
-        failures.append(f"{run.label}: {shlex.join(command)} exited with {status}; see "
-                        f"{run.workdir / 'eval.log'}")
-        log.error("%s", failures[-1])
-        break
-    else:
-      if record:
-        keep_results(run, record)
-  return failures
+      log.info("%s: evaluated already, skipping training and evaluation", prefix)
+    if record:
+      keep_results(run, record)
+    return None
+  if done < run.config.train.steps <= results.recorded_steps(run.workdir):
+    return failed(f"{run.label}: its results were restored from the record without checkpoints, "
+                  f"so it cannot be evaluated again ({', '.join(missing(run))}); evaluate it on "
+                  f"the machine that trained it, or delete {run.workdir} to train it again")
+  if done >= run.config.train.steps:
+    log.info("%s: trained (step %d), skipping training", prefix, done)
+  else:
+    what = f"resuming from step {done}" if done else "training"
+    log.info("%s: %s to step %d (log: %s)", prefix, what, run.config.train.steps,
+             run.workdir / "train.log")
+    t = time.time()
+    status = execute(run.train, run.workdir / "train.log", env)
+    if status != 0:
+      return failed(f"{run.label}: transformer-train exited with {status}; see "
+                    f"{run.workdir / 'train.log'}")
+    log.info("%s: trained in %s", prefix, format_duration(time.time() - t))
+  for report, _, command in todo:
+    log.info("%s: evaluating -> %s", prefix, report.name)
+    status = execute(command, run.workdir / "eval.log", env)
+    if status != 0:
+      return failed(f"{run.label}: {shlex.join(command)} exited with {status}; see "
+                    f"{run.workdir / 'eval.log'}")
+  if record:
+    keep_results(run, record)
+  return None
+
+
+def failed(why: str) -> str:
+  log.error("%s", why)
+  return why
 
 
 def command_lines(runs: list[Run]) -> list[str]:
@@ -330,6 +354,8 @@ def main(argv: list[str]) -> None:
     raise app.UsageError("pass --base=configs/multi30k.py (the config every variant changes)")
   if FLAGS.seeds < 1:
     raise app.UsageError(f"--seeds must be at least 1, got {FLAGS.seeds}")
+  if FLAGS.parallel < 1:
+    raise app.UsageError(f"--parallel must be at least 1 (runs at a time), got {FLAGS.parallel}")
   for name in ("min_len", "also_min_len"):
     if getattr(FLAGS, name) is not None and getattr(FLAGS, name) < 0:
       raise app.UsageError(f"--{name} must be >= 0 (0 = an empty translation is allowed), got "
@@ -372,7 +398,7 @@ def main(argv: list[str]) -> None:
   if record and (restored := restore_results(runs, record)):
     log.info("Restored %d finished runs from %s (results only: their checkpoints are not kept)",
              restored, record / "runs")
-  failures = [] if FLAGS.collect_only else run_all(to_run, record)
+  failures = [] if FLAGS.collect_only else run_all(to_run, record, FLAGS.parallel)
   if record and FLAGS.collect_only:
     for run in filter(evaluated, runs):
       keep_results(run, record)
@@ -396,6 +422,10 @@ def run() -> None:
   flags.DEFINE_integer("seeds", 3, "Seeds per variant (config.seed = first_seed, first_seed + 1, ...).")
   flags.DEFINE_integer("first_seed", 0, "The first seed.")
   flags.DEFINE_string("root", None, "Experiment folder (default runs/experiments/<grid name>).")
+  flags.DEFINE_integer("parallel", 1, "Runs trained and evaluated at a time. On one GPU several "
+                       "small runs share it (each process given 0.9/N of its memory, unless "
+                       "XLA_PYTHON_CLIENT_MEM_FRACTION is set); on a CPU keep 1: two runs train no "
+                       "faster than one using every core.")
   flags.DEFINE_bool("print_commands", False, "Print one shell line per run (train, then evaluate) "
                     "for a scheduler, and exit.")
   flags.DEFINE_bool("collect_only", False, "Only tabulate and plot the runs found in the folder.")
