@@ -294,6 +294,7 @@ def run_one(prefix: str, run: Run, record: Path | None, env: dict[str, str] | No
 
 
 def failed(why: str) -> str:
+  """Logs a run's failure as it happens (runs side by side finish in any order) and returns it."""
   log.error("%s", why)
   return why
 
