@@ -8,10 +8,11 @@ Every run (variant x seed) is its own workdir, ROOT/<variant>/seed<k>, trained w
 and scored with transformer-eval (the evaluation program, on the base config's dev split and on the
 grid's extra test sets). Runs go one after the other, seed by seed, so a partial experiment stays
 balanced; `--parallel=N` runs N at a time, for one GPU that several small runs share (on a CPU one
-run already uses every core). A run whose last checkpoint reached train.steps is not trained again, an interrupted one
-resumes from its last checkpoint, and an evaluation whose report exists is not repeated: re-running
-the same command picks up where it stopped. `--print_commands` prints one shell line per run instead,
-for a cluster scheduler; once they have finished, the same command without it collects the results.
+run already uses every core). A run whose last checkpoint reached train.steps is not trained again,
+an interrupted one resumes from its last checkpoint, and an evaluation whose report exists is not
+repeated: re-running the same command picks up where it stopped. `--print_commands` prints one shell
+line per run instead, for a cluster scheduler; once they have finished, the same command without
+it collects the results.
 With `--record=DIR` every finished run's results (config, metrics and evaluation reports with their
 translations; not its checkpoints) are also kept in DIR/runs/<variant>/seed<k>/, and a run whose
 results are kept there is restored from them instead of trained again: a grid that takes many
@@ -244,11 +245,8 @@ def run_all(runs: list[Run], record: Path | None = None, parallel: int = 1) -> l
   run's results in `record` (if given); returns one line per failed run."""
   env = side_by_side_env(parallel)
   jobs = [(f"[{i}/{len(runs)}] {run.label}", run) for i, run in enumerate(runs, 1)]
-  if parallel == 1:
-    outcomes = [run_one(prefix, run, record, env) for prefix, run in jobs]
-  else:
-    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-      outcomes = list(pool.map(lambda job: run_one(*job, record, env), jobs))
+  with concurrent.futures.ThreadPoolExecutor(parallel) as pool:  # 1: in order, one at a time
+    outcomes = list(pool.map(lambda job: run_one(*job, record, env), jobs))
   return [failure for failure in outcomes if failure]
 
 
