@@ -15,7 +15,9 @@ import re
 import sys
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
+import ml_collections
 from absl import app, flags
 
 from transformer import stops
@@ -26,30 +28,18 @@ from transformer.files import DISK_FULL, disk_problem, user_cache_dir
 def flags_parser(program: str) -> Callable[[list[str]], list[str]]:
   """An `app.run(flags_parser=...)` that turns every flag or config mistake into one line."""
   def parse(argv: list[str]) -> list[str]:
+    logging.getLogger("absl").setLevel(logging.ERROR)  # ml_collections' warnings: ours are clearer
     try:
       remaining = flags.FLAGS(argv)
-      if "config" in flags.FLAGS and flags.FLAGS.config is not None:
-        flags.FLAGS.config.get("seed")  # ml_collections reports a missing file only on first use
+      for name, path in config_files(argv).items():
+        config = flags.FLAGS[name].value
+        if config is not None:
+          config.get("seed")  # ml_collections reports a failed load only on first use
+        if not isinstance(config, ml_collections.ConfigDict):
+          what = "None" if config is None else f"a {type(config).__name__}"
+          fail(program, f"cannot load --{name}={path}: its get_config() returned {what}, not an "
+                        "ml_collections.ConfigDict; end it with `return config`")
       return remaining
-    except flags.Error as e:
-      lines = str(e).strip().splitlines()
-      if len(lines) > 1:  # a traceback from inside get_config(): keep the flag and the last line
-        head = lines[0].split(": Error whilst")[0]
-        lines = [f"{head}: {re.sub(r'^[A-Za-z.]*Error: ', '', lines[-1])}"]
-      fail(program, lines[0])
-    except SyntaxError as e:  # the config file is not valid Python
-      fail(program, f"cannot load --config={config_path(argv)}: {e.msg} at line "
-               f"{e.lineno} of {e.filename}")
-    except (AttributeError, KeyError) as e:  # ml_collections: an override of a key that does not exist
-      if "get_config" in str(e):
-        fail(program, f"cannot load --config={config_path(argv)}: it defines no "
-                 "get_config() function (see configs/multi30k.py)")
-      key = str(e).strip("\"'")
-      bad = [a.split("=")[0] for a in argv
-             if a.startswith("--config.") and re.search(rf"[.]{re.escape(key)}\b", a.split("=")[0])]
-      where = f" ({bad[0]})" if bad else ""
-      fail(program, f"unknown config key {key!r}{where}; every key is listed in "
-               "transformer/config.py")
     except SystemExit as e:  # absl's --help exits 1 after printing the usage; asking is no error
       if e.code == 1 and any(a.split("=")[0] in HELP_FLAGS for a in argv[1:]):
         sys.exit(0)
@@ -57,13 +47,74 @@ def flags_parser(program: str) -> Callable[[list[str]], list[str]]:
     except BrokenPipeError:  # `--help | head`: the reader has gone; leave quietly
       os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
       sys.exit(1)
-    except OSError as e:  # ml_collections could not load the config file
-      reason = str(e).strip().splitlines()[-1].strip()
-      reason = reason.split("because of an earlier failure to load: ")[-1]
-      fail(program, f"cannot load --config={config_path(argv)}: {reason}")
-    except ValueError as e:  # raised by a get_config(), e.g. an unknown ':size'
-      fail(program, e)
+    except Exception as e:  # noqa: BLE001 - each kind is told apart below
+      fail(program, flag_error(e, argv))
   return parse
+
+
+def flag_error(error: Exception, argv: list[str]) -> str:
+  """The one line for an exception raised while parsing the flags: from inside a config file
+  (anything its code raises, with the file's line), the config file itself (missing, not Python,
+  no get_config()), or a flag (unknown, a bad value, an override of a key that does not exist)."""
+  files = config_files(argv)
+  inside = raised_inside(error, files.values())
+  if inside:
+    name, path = next((n, p) for n, p in files.items() if p.split(":")[0] == inside[1])
+    cause, line = inside[0], inside[2]
+    if isinstance(cause, UserError):  # ours (an unknown ':size'): it says what to do
+      return f"cannot load --{name}={path}: {cause}"
+    what = str(cause) if type(cause) is ValueError else f"{type(cause).__name__}: {cause}"
+    return f"cannot load --{name}={path}: {what} (line {line} of {inside[1]})"
+  name, path = next(iter(files.items()), ("config", "?"))
+  if isinstance(error, SyntaxError):  # the config file is not valid Python
+    return f"cannot load --{name}={path}: {error.msg} at line {error.lineno} of {error.filename}"
+  if isinstance(error, flags.Error):
+    return str(error).strip().splitlines()[0]
+  if isinstance(error, (AttributeError, KeyError)):  # an override of a key that does not exist
+    if "get_config" in str(error):
+      return (f"cannot load --{name}={path}: it defines no get_config() function (see "
+              "configs/multi30k.py)")
+    key = str(error).strip("\"'")
+    bad = [a.split("=")[0] for a in argv
+           if a.startswith("--") and re.search(rf"[.]{re.escape(key)}\b", a.split("=")[0])]
+    where = f" ({bad[0]})" if bad else ""
+    return f"unknown config key {key!r}{where}; every key is listed in transformer/config.py"
+  if isinstance(error, OSError):  # ml_collections could not open the config file
+    reason = str(error).strip().splitlines()[-1].strip()
+    return f"cannot load --{name}={path}: {reason.split('earlier failure to load: ')[-1]}"
+  raise error  # a bug of ours: its traceback stays
+
+
+def config_files(argv: list[str]) -> dict[str, str]:
+  """{flag name: the value given} of the config-file flags on the command line (--config, --base)."""
+  names = [name for name in ("config", "base") if name in flags.FLAGS]
+  given = {}
+  for i, arg in enumerate(argv):
+    for name in names:
+      if arg.startswith(f"--{name}="):
+        given[name] = arg.split("=", 1)[1]
+      elif arg == f"--{name}" and i + 1 < len(argv):
+        given[name] = argv[i + 1]
+  return given
+
+
+def raised_inside(error: BaseException, paths) -> tuple[BaseException, str, int] | None:
+  """(the exception, the file, its line) where `error` or an exception it was raised from came
+  out of one of the config files at `paths` (its last frame there), else None."""
+  files = {str(Path(p.split(":")[0]).resolve()): p.split(":")[0] for p in paths}
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    found, tb = None, error.__traceback__
+    while tb is not None:
+      name = tb.tb_frame.f_code.co_filename
+      if name in files or str(Path(name).resolve()) in files:
+        found = (error, files.get(name) or files[str(Path(name).resolve())], tb.tb_lineno)
+      tb = tb.tb_next
+    if found:
+      return found
+    error = error.__cause__ or error.__context__
+  return None
 
 
 HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
@@ -76,7 +127,7 @@ def fail(program: str, message: object) -> None:
 
 
 def config_path(argv: list[str]) -> str:
-  return next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "?")
+  return config_files(argv).get("config", "?")
 
 
 def define_distributed_flags() -> None:

@@ -44,20 +44,48 @@ def disk_problem(error: OSError) -> str:
   return f"{error.strerror or error}"
 
 
-def writable_directory(path: str | os.PathLike, setting: str) -> Path:
+def writable_directory(path: str | os.PathLike, setting: str, create: bool = True,
+                       advice: str = "") -> Path:
   """`path`, created if missing and checked to take a file; else a UserError naming it and the
-  `setting` that moves it (a read-only or another user's directory)."""
+  `setting` that moves it (a read-only or another user's directory), or giving `advice`. With
+  `create=False` nothing is made: the directory, or the nearest folder above it that exists, must
+  take a file (a check before long work whose outputs come at the end)."""
   path = Path(path)
+  advice = advice or f"point {setting} at a directory this job can write, or make it writable"
   try:
-    path.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryFile(dir=path):
+    if create:
+      path.mkdir(parents=True, exist_ok=True)
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+      raise UserError(f"cannot write in {path}: {existing} is a file, not a directory; point "
+                      f"{setting} elsewhere")
+    with tempfile.TemporaryFile(dir=existing):
       pass
   except OSError as e:
     if e.errno in DISK_FULL:
       raise UserError(f"cannot write in {path}: the disk is full ({e.strerror}); free space or "
                       f"point {setting} elsewhere") from None
-    raise UserError(f"cannot write in {path} ({e.strerror}): point {setting} at a directory "
-                    "this job can write, or make it writable") from None
+    raise UserError(f"cannot write in {path} ({e.strerror}): {advice}") from None
+  return path
+
+
+def writable_file(path: str | os.PathLike, setting: str, advice: str = "",
+                  append: bool = False) -> Path:
+  """`path` checked, before long work, to be a file this job can write whole (its folder takes a
+  new file: `write_atomically` renames one over it) or, with `append`, add to; nothing is changed.
+  Else a UserError naming it and the `setting` that moves it, or giving `advice`."""
+  path = Path(path)
+  if path.is_dir():
+    raise UserError(f"{setting}={path} is a directory; pass a file name")
+  writable_directory(path.parent, setting, create=False, advice=advice or (
+      f"point {setting} into a directory this job can write, or make it writable"))
+  if append and path.exists():
+    try:
+      with open(path, "ab"):  # opened for appending, nothing written: the file stays as it is
+        pass
+    except OSError as e:
+      advice = advice or f"point {setting} at a file this job can write, or make it writable"
+      raise UserError(f"cannot write {path} ({e.strerror}): {advice}") from None
   return path
 
 

@@ -10,7 +10,10 @@ paper's tokenized BLEU.
 It runs as its own process, beside or after training, and rebuilds everything from the workdir
 (config.json, vocab.model, checkpoints/). Results go to WORKDIR/eval/: the detokenized hypotheses
 (and n-best lists), a JSON report (BLEU, chrF, signatures, checkpoint step, decode settings, speed),
-and a 'bleu' record in metrics.jsonl. Decoding is translator.py's.
+and a 'bleu' record in metrics.jsonl; `--report_dir` sends the reports elsewhere (a run the user
+may read but not write) and leaves the run untouched. Where the reports go is checked before
+anything is decoded, and the scores are logged before they are written. Decoding is
+translator.py's.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from transformer.decoding import translator
 from transformer.errors import ConfigError
 from transformer.evaluation import bleu
 from transformer.evaluation.watch import watch
-from transformer.metrics import MetricWriter, evaluation_suffix, format_duration
+from transformer.files import writable_directory, writable_file
+from transformer.metrics import METRICS_FILE, MetricWriter, evaluation_suffix, format_duration
 from transformer.training import checkpoints
 from transformer.training import workdir as runs
 
@@ -71,16 +75,19 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
              source_file: str | None = None, reference_file: str | None = None,
              average_last: int = 1, ensemble: Sequence[str] = (),
              compiled_cache: dict | None = None, ema: bool = True,
-             loaded: Sequence[runs.LoadedRun] | None = None, **search: Any) -> dict[str, Any]:
+             loaded: Sequence[runs.LoadedRun] | None = None, report_dir: str | None = None,
+             **search: Any) -> dict[str, Any]:
   """Translates an evaluation set with a checkpoint of `workdir` (or an ensemble with the
   `ensemble` workdirs), scores it, writes the report. With `ema`, a run that keeps a moving average
   of its parameters is scored with it (report['ema'] says which were used). `loaded`: the runs
   already loaded by runs.load_runs, which then stand for `workdir`, `step`, `average_last` and
-  `ensemble`. `search`:
+  `ensemble`. `report_dir`: where the reports go instead of WORKDIR/eval (then the run's
+  metrics.jsonl gets no record). `search`:
   SearchSettings fields to override the config's decode settings (beam_size=1, nbest=4, ...; None =
   the config's)."""
   if (source_file is None) != (reference_file is None):
     raise ConfigError("pass both --source_file and --reference_file, or neither")
+  check_reports_writable(workdir, report_dir)
   loaded = loaded or runs.load_runs([workdir, *ensemble], step, average_last)
   members = [str(run.workdir) for run in loaded]
   cfg, vocab, steps = loaded[0].config, loaded[0].vocab, loaded[0].steps
@@ -121,20 +128,39 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
             "sacrebleu": score, "chrf": chrf, "tokenized_bleu": paper_score,
             "lc_tok_bleu": lc_tok, "decode": settings.describe(), "search_tag": tag, **stats,
             "total_sec": time.time() - t}
-  report["files"] = write_report(report, result, text.source, settings)
+  log.info("%s, step %d: sacreBLEU %.2f, chrF %.2f, tokenized BLEU %.2f, lowercased tokenized "
+           "BLEU %.2f", name, step, score["bleu"], chrf["chrf"], paper_score["bleu"],
+           lc_tok["bleu"])  # on the terminal even if the reports cannot be written
+  report["files"] = write_report(report, result, text.source, settings, report_dir)
   return report
 
 
+def check_reports_writable(workdir: str, report_dir: str | None) -> None:
+  """Before anything is loaded or decoded: the reports' folder (and, without `report_dir`, the
+  run's metrics.jsonl) can be written; else a UserError saying what to do."""
+  if report_dir:
+    writable_directory(report_dir, "--report_dir", create=False)
+    return
+  if not (Path(workdir) / "config.json").exists():
+    return  # not a workdir: load_runs says so
+  advice = ("pass --report_dir=DIR to write the reports there (the run stays untouched), or make "
+            "the run writable")
+  writable_directory(Path(workdir) / "eval", "--report_dir", create=False, advice=advice)
+  writable_file(Path(workdir) / METRICS_FILE, "--report_dir", advice=advice, append=True)
+
+
 def write_report(report: dict[str, Any], result: translator.Translations, sources_: Sequence[str],
-                 settings: translator.SearchSettings) -> list[str]:
-  """The hypotheses (and n-best lists), the JSON report and a `bleu` record in metrics.jsonl and
-  TensorBoard; returns the files written."""
+                 settings: translator.SearchSettings, report_dir: str | None = None) -> list[str]:
+  """The hypotheses (and n-best lists), the JSON report and (without `report_dir`) a `bleu` record
+  in metrics.jsonl and TensorBoard; returns the files written."""
   workdir, step, steps = report["workdir"], report["checkpoint_step"], report["averaged_steps"]
   members = len(report["ensemble"] or [None])
   json_path = report_path(workdir, report["test_set"], step, len(steps), members, report["ema"],
                           settings.min_len, report["search_tag"])
+  if report_dir:
+    json_path = Path(report_dir) / json_path.name
   hyp_path = json_path.with_suffix(".hyp.txt")
-  json_path.parent.mkdir(exist_ok=True)
+  json_path.parent.mkdir(parents=True, exist_ok=True)
   hyp_path.write_text("".join(h + "\n" for h in result.hypotheses))
   files = [str(hyp_path), str(json_path)]
   if settings.nbest > 1:
@@ -142,6 +168,8 @@ def write_report(report: dict[str, Any], result: translator.Translations, source
     nbest_path.write_text(nbest_lines(sources_, result))
     files.append(str(nbest_path))
   json_path.write_text(json.dumps(report, indent=2) + "\n")
+  if report_dir:
+    return files
   with MetricWriter(workdir, tensorboard_dir="eval") as writer:
     writer.write("bleu", step, test_set=report["test_set"], averaged=len(steps), ensemble=members,
                  ema=report["ema"], bleu=report["sacrebleu"]["bleu"], chrf=report["chrf"]["chrf"],
@@ -159,6 +187,9 @@ def main(argv: list[str]) -> None:
   search = translator.search_overrides()
   compiled: dict = {}  # beam searches compiled once, for every checkpoint and parameter set
   if FLAGS.watch:
+    if FLAGS.report_dir:
+      raise app.UsageError("--watch keeps its record in the run (eval/best.json, metrics.jsonl); "
+                           "drop --report_dir, or evaluate single checkpoints with it")
     cfg = checkpoints.load_run_config(FLAGS.workdir)
     settings = translator.SearchSettings.from_config(cfg, **search)
     watch(FLAGS.workdir, lambda step: evaluate(FLAGS.workdir, step=step, compiled_cache=compiled,
@@ -169,11 +200,12 @@ def main(argv: list[str]) -> None:
     return
   args = (FLAGS.workdir, FLAGS.step, FLAGS.split, FLAGS.source_file, FLAGS.reference_file,
           FLAGS.average_last, FLAGS.ensemble)
+  check_reports_writable(FLAGS.workdir, FLAGS.report_dir)
   loaded = runs.load_runs([FLAGS.workdir, *FLAGS.ensemble], FLAGS.step, FLAGS.average_last)
-  report = evaluate(*args, compiled_cache=compiled, ema=FLAGS.ema, loaded=loaded, **search)
+  kwargs = dict(compiled_cache=compiled, loaded=loaded, report_dir=FLAGS.report_dir, **search)
+  report = evaluate(*args, ema=FLAGS.ema, **kwargs)
   # The single checkpoint's own parameters, beside their moving average (same compiled search).
-  raw = (evaluate(*args, compiled_cache=compiled, ema=False, loaded=loaded, **search)
-         if report["ema"] else None)
+  raw = evaluate(*args, ema=False, **kwargs) if report["ema"] else None
   print_report(report)
   if raw:
     print(f"  without the moving average (the checkpoint's own parameters): sacreBLEU "
@@ -213,6 +245,9 @@ def run() -> None:
   flags.DEFINE_string("split", None, "Split of the config's dataset (default: config.data.eval_split).")
   flags.DEFINE_string("source_file", None, "Evaluate on this source text file instead of a split.")
   flags.DEFINE_string("reference_file", None, "Reference translations of --source_file.")
+  flags.DEFINE_string("report_dir", None, "Write the reports (hypotheses, JSON) here instead of "
+                      "WORKDIR/eval, and nothing into the run: for a run you may read but not "
+                      "write.")
   translator.define_search_flags()
   flags.DEFINE_bool("watch", False, "Run beside training: evaluate every new checkpoint on the "
                     "validation split, track the best, stop when training has finished.")

@@ -37,6 +37,7 @@ from transformer.cli import run_program
 from transformer.data import vocab as vocab_lib
 from transformer.errors import ConfigError
 from transformer.evaluation import marian
+from transformer.files import writable_directory
 from transformer.model import positions
 from transformer.model.transformer import LAYER_NORM_EPSILON, ModelConfig, layer_params
 from transformer.training import checkpoints
@@ -107,14 +108,21 @@ def check_rows(config: ModelConfig, rows: int) -> None:
                       f"({longest} rows, config.model.max_len)")
 
 
+def check_ctranslate2(config: ModelConfig) -> None:
+  """What CTranslate2 cannot hold, refused before its package is asked for or anything is read."""
+  if config.key_dim != config.value_dim:
+    raise ConfigError(f"CTranslate2 needs d_k = d_v; this model has {config.key_dim} and "
+                      f"{config.value_dim}")
+  if not positions.in_ctranslate2(config.positional):
+    raise ConfigError(positions.ctranslate2_refusal(config.positional))
+
+
 def ctranslate2_spec(config: ModelConfig, params: Any, pieces: list[str], max_positions: int,
                      quantization: str = "none"):
   """The CTranslate2 TransformerSpec of a model with `params` and vocabulary `pieces`, checked and
   with its weights stored as `quantization` says: ready to `save`."""
+  check_ctranslate2(config)
   spec_lib = _ctranslate2()
-  if config.key_dim != config.value_dim:
-    raise ConfigError(f"CTranslate2 needs d_k = d_v; this model has {config.key_dim} and "
-                      f"{config.value_dim}")
   check_rows(config, max_positions)
   params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
   pre_norm = config.norm == "pre"
@@ -168,6 +176,7 @@ def default_max_positions(cfg) -> int:
 def _check_new(output: Path) -> None:
   if output.exists() and (not output.is_dir() or any(output.iterdir())):
     raise ConfigError(f"--output={output} exists and is not empty; choose a new directory")
+  writable_directory(output.parent, "--output", create=False)  # where it is staged
 
 
 @contextlib.contextmanager
@@ -193,8 +202,11 @@ def export_ctranslate2(workdir: str | Path, output: str | Path, step: int | None
                        average_last: int = 1, ema: bool = True, quantization: str = "none",
                        max_positions: int | None = None) -> Path:
   """Writes the run's checkpoint (or average) as a CTranslate2 model directory `output`."""
+  _check_new(Path(output))
+  cfg = checkpoints.load_run_config(Path(workdir))
+  check_ctranslate2(ModelConfig.from_config(cfg.model, cfg.data.vocab_size))
+  _ctranslate2()
   with _staged(output) as staging:
-    _ctranslate2()
     run = load_run(workdir, step, average_last)
     pieces = [run.vocab.id_to_piece(i) for i in range(run.vocab.get_piece_size())]
     spec = ctranslate2_spec(run.model.config, run.params(ema), pieces,

@@ -30,7 +30,7 @@ from transformer.cli import define_progress_flag, run_program
 from transformer.data import sources
 from transformer.decoding import translator
 from transformer.evaluation.evaluate import nbest_lines
-from transformer.files import write_atomically
+from transformer.files import writable_file, write_atomically
 from transformer.training import workdir as runs
 
 log = logging.getLogger("transformer")
@@ -72,6 +72,8 @@ def main(argv: list[str]) -> None:
   sentences = read_input(FLAGS.input_file)
   targets = sources.read_lines(FLAGS.score) if FLAGS.score else None
   search = translator.search_overrides()
+  if FLAGS.output_file:  # before anything is loaded or decoded
+    writable_file(FLAGS.output_file, "--output_file")
   loaded = runs.load_runs([FLAGS.workdir, *FLAGS.ensemble], FLAGS.step, FLAGS.average_last)
   cfg, vocab, steps = loaded[0].config, loaded[0].vocab, loaded[0].steps
   models, params = tuple(r.model for r in loaded), tuple(r.params() for r in loaded)
@@ -97,10 +99,11 @@ def main(argv: list[str]) -> None:
     write_output(result.hypotheses, FLAGS.output_file)
     if settings.nbest > 1:
       write_output(nbest_lines(sentences, result).splitlines(), FLAGS.output_file + ".nbest.jsonl")
-  log.info("Translated %d lines with step %d%s%s (%.1f sentences/s, +%.1fs compile)",
-           len(sentences), steps[-1], f" (average of {len(steps)})" if len(steps) > 1 else "",
-           f", an ensemble of {len(models)} runs" if len(models) > 1 else "",
-           stats["sentences_per_sec"], stats["compile_sec"])
+  speed = (f"{stats['sentences_per_sec']:.1f} sentences/s, +{stats['compile_sec']:.1f}s compile"
+           if stats["decode_sec"] else "every line empty: nothing to decode")
+  log.info("Translated %d lines with step %d%s%s (%s)", len(sentences), steps[-1],
+           f" (average of {len(steps)})" if len(steps) > 1 else "",
+           f", an ensemble of {len(models)} runs" if len(models) > 1 else "", speed)
 
 
 def run() -> None:

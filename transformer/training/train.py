@@ -53,6 +53,7 @@ from transformer.data import pipeline
 from transformer.data import vocab as vocab_lib
 from transformer.distributed import leader_first
 from transformer.errors import UserError
+from transformer.files import writable_directory
 from transformer.hardware import table_peak
 from transformer.metrics import CompileClock, MetricWriter, format_duration
 from transformer.model.size import training_flops_per_target_token
@@ -158,7 +159,7 @@ def start_run(cfg: ml_collections.ConfigDict, workdir: Path, allow_config_change
               ) -> Run:
   """Checks what can go wrong before training (data, vocabulary, checkpoints, the first batch) and
   restores or initializes the state; writes nothing but the workdir and its vocabulary."""
-  workdir.mkdir(parents=True, exist_ok=True)
+  writable_directory(workdir, "--workdir")
   vocab, train_pipeline, eval_batches = pipeline.training_inputs(cfg, workdir,
                                                                  num_devices=jax.device_count())
   mesh = partitioning.make_mesh(cfg, vocab.get_piece_size())

@@ -21,7 +21,9 @@ from transformer.model.positions.base import (
   adds_tables,
   all_keys,
   check_config,
+  ctranslate2_refusal,
   get,
+  in_ctranslate2,
   kinds,
   option,
   positive_param,
@@ -36,4 +38,5 @@ for _name in (*_LISTED, *sorted(m.name for m in pkgutil.iter_modules(__path__)))
     importlib.import_module(f"{__name__}.{_name}")
 
 __all__ = ["Drawing", "Key", "PositionalEncoding", "Terms", "adds_tables", "all_keys",
-           "check_config", "get", "kinds", "option", "positive_param", "register"]
+           "check_config", "ctranslate2_refusal", "get", "in_ctranslate2", "kinds", "option",
+           "positive_param", "register"]

@@ -126,8 +126,7 @@ class PositionalEncoding(nn.Module):
     `added_tables` as their position encodings, or what a kind acting in attention overrides."""
     tables = cls.added_tables(config, params, rows)
     if tables is None:
-      raise ConfigError(f"CTranslate2 cannot hold {cls.kind!r} positions "
-                        f"({cls.not_in_ctranslate2}); translate with transformer-translate instead")
+      raise ConfigError(ctranslate2_refusal(cls.kind))
     encoder.position_encodings.encodings, decoder.position_encodings.encodings = tables
 
   @classmethod
@@ -155,6 +154,17 @@ def positive_param(module: nn.Module, name: str, value: float, shape: tuple[int,
 def adds_tables(kind: str) -> bool:
   """Whether the kind is a position table added to the embeddings (it defines `added_tables`)."""
   return get(kind).added_tables.__func__ is not PositionalEncoding.added_tables.__func__
+
+
+def in_ctranslate2(kind: str) -> bool:
+  """Whether CTranslate2 can hold the kind: a table it adds, or an `export` of its own."""
+  return adds_tables(kind) or get(kind).export.__func__ is not PositionalEncoding.export.__func__
+
+
+def ctranslate2_refusal(kind: str) -> str:
+  """Why a kind CTranslate2 cannot hold is refused, and what to do instead."""
+  return (f"CTranslate2 cannot hold {kind!r} positions ({get(kind).not_in_ctranslate2}); "
+          "translate with transformer-translate instead")
 
 
 def ctranslate2_layers(encoder: Any, decoder: Any) -> Iterator[tuple[str, int, Any]]:
