@@ -58,7 +58,9 @@ PROGRAMS = {"training.train": "transformer-train", "evaluation.evaluate": "trans
             "visualisation.attention_maps": "transformer-attention-maps",
             "evaluation.average": "transformer-average",
             "accelerators.benchmark": "transformer-benchmark", "sweeps.run": "transformer-experiment",
-            "evaluation.export": "transformer-export"}
+            "evaluation.export": "transformer-export", "accelerators.compile": "transformer-compile",
+            "accelerators.model_info": "transformer-info",
+            "training.prepare": "transformer.training.prepare"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +119,40 @@ def same_size_other_vocabulary(tmp, run):
   vocab_lib.train_vocab(lines, tmp / "copy" / "vocab.model", vocab_size=300)
 
 
+# A config file that fails from the inside, in each way, and the programs that take one.
+TRAIN_FLAGS = ("training.train", "config", ("--workdir={tmp}/new",))
+CONFIG_FAILURES = [
+    ("raises a RuntimeError", "def get_config():\n  raise RuntimeError('my data is not mounted')\n",
+     "RuntimeError: my data is not mounted (line 2 of {tmp}/c.py)", TRAIN_FLAGS),
+    ("raises an OSError", "def get_config():\n  return open('/nonexistent/dir/paths.txt')\n",
+     "FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/dir/paths.txt' (line 2 "
+     "of {tmp}/c.py)", TRAIN_FLAGS),
+    ("raises a KeyError", "import os\ndef get_config():\n  return os.environ['MY_DATA_DIR_UNSET']\n",
+     "KeyError: 'MY_DATA_DIR_UNSET' (line 3 of {tmp}/c.py)", TRAIN_FLAGS),
+    ("returns None", "def get_config():\n  config = 1\n",
+     "its get_config() returned None, not an ml_collections.ConfigDict; end it with `return "
+     "config`", TRAIN_FLAGS),
+    ("names what does not exist", "def get_config():\n  return undefined_name\n",
+     "NameError: name 'undefined_name' is not defined (line 2 of {tmp}/c.py)", TRAIN_FLAGS),
+    ("imports what is not installed", "import not_a_module\ndef get_config():\n  return 1\n",
+     "ModuleNotFoundError: No module named 'not_a_module' (line 1 of {tmp}/c.py)", TRAIN_FLAGS),
+    ("raises a ValueError", "def get_config():\n  raise ValueError('bad size')\n",
+     "bad size (line 2 of {tmp}/c.py)", TRAIN_FLAGS),
+    ("raises a KeyError", "import os\ndef get_config():\n  return os.environ['MY_DATA_DIR_UNSET']\n",
+     "KeyError: 'MY_DATA_DIR_UNSET' (line 3 of {tmp}/c.py)",
+     ("accelerators.benchmark", "config", ())),
+    ("returns None", "def get_config():\n  pass\n", "its get_config() returned None",
+     ("accelerators.compile", "config", ("--topology=v5e-8",))),
+    ("raises a RuntimeError", "def get_config():\n  raise RuntimeError('no data here')\n",
+     "RuntimeError: no data here (line 2 of {tmp}/c.py)", ("training.prepare", "config", ())),
+    ("names what does not exist", "def get_config():\n  return undefined_name\n",
+     "NameError: name 'undefined_name' is not defined (line 2 of {tmp}/c.py)",
+     ("accelerators.model_info", "config", ())),
+    ("raises an OSError", "def get_config():\n  return open('/nonexistent/dir/paths.txt')\n",
+     "FileNotFoundError: [Errno 2] No such file or directory", ("sweeps.run", "base",
+                                                               ("positional", "--seeds=1"))),
+]
+
 CASES = {
     # ------------------------------------------------------------------ config and flags (train)
     "unknown config key": Case("training.train", ("--config.model.foo=1",),
@@ -156,6 +192,10 @@ CASES = {
         prepare=lambda tmp, run: (tmp / "empty.py").write_text("SIZE = 1\n")),
     "config path is a directory": Case("training.train", ("--config={tmp}", "--workdir={new}"),
                                        "cannot load --config={tmp}: [Errno 21] Is a directory"),
+    **{f"config file whose get_config() {how} ({program.split('.')[-1]})": Case(
+        program, (f"--{flag}={{tmp}}/c.py", *extra), f"cannot load --{flag}={{tmp}}/c.py: {said}",
+        prepare=lambda tmp, run, code=code: (tmp / "c.py").write_text(code))
+       for how, code, said, (program, flag, extra) in CONFIG_FAILURES},
     # ------------------------------------------------------------------------------ data (train)
     "missing data file": Case("training.train", ("--config.data.train_src={tmp}/nope.en",),
                               "data file not found: {tmp}/nope.en", True),
@@ -299,7 +339,7 @@ CASES = {
         prepare=grid_of),
     "grid with no runs at a time": Case(
         "sweeps.run", (*GRID, "--root={tmp}/copy", "--parallel=0"),
-        "--parallel must be at least 1 (runs at a time), got 0"),
+        "--parallel must be at least 1 (runs at a time), got 0", prepare=grid_of),
     "grid scored with two minimum lengths": Case(
         "sweeps.run", (*GRID, "--root={tmp}/copy", "--min_len=1", "--also_min_len=2"),
         "pass --min_len=N (score with N instead of the config's search) or --also_min_len=N "

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+from transformer import files
 from transformer.config import base_config
 from transformer.data import sources, standin
 from transformer.data import token_cache as cache_lib
@@ -207,7 +208,7 @@ def test_partial_builds_that_killed_builds_left_are_removed_by_the_next_build(tm
   for partial in (dead, running, legacy_old, legacy_new):
     partial.mkdir()
     (partial / "src.bin").write_bytes(b"\0" * 1000)
-  past = time.time() - 2 * cache_lib.STALE_SECONDS
+  past = time.time() - 2 * files.STALE_SECONDS
   os.utime(legacy_old / "src.bin", (past, past))
   os.utime(legacy_old, (past, past))
   with caplog.at_level("INFO", logger="transformer"):

@@ -22,7 +22,7 @@ from absl import app, flags
 
 from transformer import stops
 from transformer.errors import EXIT_USER_ERROR, UserError
-from transformer.files import DISK_FULL, disk_problem, user_cache_dir
+from transformer.files import DISK_FULL, NOT_WRITABLE, disk_problem, user_cache_dir
 
 
 def flags_parser(program: str) -> Callable[[list[str]], list[str]]:
@@ -191,18 +191,27 @@ def run_program(program: str, main: Callable[[list[str]], None],
       main(argv)
     except (UserError, app.UsageError) as e:
       fail(program, e)
-    except OSError as e:  # a full disk anywhere (metrics, event files, reports): no bug of ours
-      if e.errno not in DISK_FULL:
-        raise
-      fail(program, f"could not write {e.filename or 'a file'}: {disk_problem(e)}")
+    except OSError as e:  # a full disk or a path not ours anywhere (metrics, event files, reports)
+      if e.errno in DISK_FULL:
+        fail(program, f"could not write {e.filename or 'a file'}: {disk_problem(e)}")
+      if e.errno not in NOT_WRITABLE or not e.filename:  # (each program checks its outputs first;
+        raise                                           # this is the net under those checks)
+      fail(program, f"cannot use {e.filename} ({e.strerror}): give a path this job may write "
+                    "(and read), or change its permissions")
     except KeyboardInterrupt:  # (training stops cleanly at the first Ctrl-C; this is the second)
-      print(f"{program}: interrupted", file=sys.stderr)
-      sys.exit(130)  # the shell's status for SIGINT
+      stopped = ("interrupted", 130)  # the shell's status for SIGINT
     except stops.Stopped as e:
-      print(f"{program}: stopped by {e.signal_name} before it finished; what it had finished is "
-            "kept and nothing half-written is left: run the same command again to go on",
-            file=sys.stderr)
-      stops.exit_now(stops.EXIT_STOPPED)
+      stopped = (f"stopped by {e.signal_name} before it finished; what it had finished is kept "
+                 "and nothing half-written is left: run the same command again to go on",
+                 stops.EXIT_STOPPED)
+    else:
+      return
+    # The `with` blocks cleaned up on the way here. Out of the handler the exception's frames are
+    # freed (multiprocessing's queues release their semaphores); exiting at once then skips the
+    # interpreter's joins of threads (a loader's, an executor's), which a stop must not wait on.
+    print(f"{program}: {stopped[0]}", file=sys.stderr)
+    stops.exit_now(stopped[1])
+
   show_flags_in_help(main.__module__)
   app.run(main_with_logging, flags_parser=flags_parser(program))
 

@@ -8,8 +8,10 @@ import errno
 import fcntl
 import logging
 import os
+import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,17 +71,16 @@ def writable_directory(path: str | os.PathLike, setting: str, create: bool = Tru
   return path
 
 
-def writable_file(path: str | os.PathLike, setting: str, advice: str = "",
-                  append: bool = False) -> Path:
-  """`path` checked, before long work, to be a file this job can write whole (its folder takes a
-  new file: `write_atomically` renames one over it) or, with `append`, add to; nothing is changed.
-  Else a UserError naming it and the `setting` that moves it, or giving `advice`."""
+def writable_file(path: str | os.PathLike, setting: str, advice: str = "") -> Path:
+  """`path` checked, before long work, to be a file this job can write or add to (its folder
+  takes a new file; the file, if there, opens for writing); nothing is changed or created. Else a
+  UserError naming it and the `setting` that moves it, or giving `advice`."""
   path = Path(path)
   if path.is_dir():
     raise UserError(f"{setting}={path} is a directory; pass a file name")
   writable_directory(path.parent, setting, create=False, advice=advice or (
       f"point {setting} into a directory this job can write, or make it writable"))
-  if append and path.exists():
+  if path.exists():
     try:
       with open(path, "ab"):  # opened for appending, nothing written: the file stays as it is
         pass
@@ -87,6 +88,52 @@ def writable_file(path: str | os.PathLike, setting: str, advice: str = "",
       advice = advice or f"point {setting} at a file this job can write, or make it writable"
       raise UserError(f"cannot write {path} ({e.strerror}): {advice}") from None
   return path
+
+
+STALE_SECONDS = 600  # a partial build of another host (or an older version) untouched this long
+
+
+def partial_directory(target: Path) -> Path:
+  """A new temporary directory beside `target` to build it in, named for this host and process
+  (`.NAME.partial-HOST-PID-*`): a later build can tell one a killed build left
+  (`remove_stale_partials`)."""
+  return Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-{socket.gethostname()}-"
+                                      f"{os.getpid()}-", dir=target.parent))
+
+
+def remove_stale_partials(target: Path, what: str) -> int:
+  """Removes the temporary directories killed builds of `target` (`what`: its kind, for the log
+  line) left beside it: this host's whose process is gone, and others (another host's, an older
+  version's) none of whose files changed for STALE_SECONDS. Returns the bytes freed, and logs
+  them."""
+  freed, count, host = 0, 0, socket.gethostname()
+  for partial in target.parent.glob(f".{target.name}.partial-*"):
+    tail = partial.name.rsplit(".partial-", 1)[1].rsplit("-", 2)
+    ours = len(tail) == 3 and tail[0] == host and tail[1].isdigit()
+    try:
+      stats = [f.stat() for f in partial.rglob("*")] + [partial.stat()]
+    except OSError:
+      continue  # gone meanwhile
+    if ours and _alive(int(tail[1])):
+      continue
+    if not ours and time.time() - max(s.st_mtime for s in stats) < STALE_SECONDS:
+      continue
+    shutil.rmtree(partial, ignore_errors=True)
+    freed, count = freed + sum(s.st_size for s in stats[:-1]), count + 1
+  if count:
+    log.info("Removed %d partial build(s) of %s %s that killed builds left (%.1f MB freed)", count,
+             what, target.name, freed / 1e6)
+  return freed
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    pass  # another user's process
+  return True
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ at a signal with a checkpoint. The training loop replaces these handlers with it
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -46,7 +47,10 @@ def install() -> None:
 
 def exit_now(status: int) -> None:
   """Ends the process at once, its output flushed: the `with` blocks have cleaned up, and a thread
-  still inside native code (SentencePiece's trainer) would abort the interpreter's finalisation."""
+  still inside native code (SentencePiece's trainer) would abort the interpreter's finalisation.
+  What is unreachable is collected first, so finalizers that release shared resources (the
+  semaphores of multiprocessing's queues) run rather than leave them to its resource tracker."""
+  gc.collect()
   logging.shutdown()
   for stream in (sys.stdout, sys.stderr):
     stream.flush()

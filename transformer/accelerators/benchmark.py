@@ -53,6 +53,7 @@ from transformer.config import validate
 from transformer.data import batching
 from transformer.data.pipeline import training_inputs
 from transformer.data.sources import DataError
+from transformer.files import writable_directory, writable_file
 from transformer.hardware import table_peak
 from transformer.model.size import training_flops_per_target_token
 from transformer.model.transformer import EOS_ID, PAD_ID, ModelConfig, Transformer
@@ -358,9 +359,11 @@ def main(argv: list[str]) -> None:
   if FLAGS.config is None:
     raise app.UsageError("pass --config=configs/wmt14_ende.py:base (or another config)")
   initialize_distributed()
-  for directory in (FLAGS.checkpoint_dir, FLAGS.output and Path(FLAGS.output).parent):
-    if directory:  # where the results go: made now, not found missing after minutes of timing
-      Path(directory).mkdir(parents=True, exist_ok=True)
+  # Where the results go: checked and made now, not found wanting after minutes of timing.
+  if FLAGS.checkpoint_dir:
+    writable_directory(FLAGS.checkpoint_dir, "--checkpoint_dir")
+  if FLAGS.output:
+    writable_directory(writable_file(FLAGS.output, "--output").parent, "--output")
   if FLAGS.input_pipeline:
     result = benchmark_input(FLAGS.config, FLAGS.batches, [int(w) for w in FLAGS.loader_workers],
                              [float(ms) for ms in FLAGS.stub_step_ms], FLAGS.stub_steps,

@@ -62,6 +62,7 @@ from transformer.data import batching
 from transformer.data.pipeline import BatchSpec
 from transformer.decoding import translator
 from transformer.errors import UserError
+from transformer.files import writable_file
 from transformer.model.size import training_flops_per_target_token
 from transformer.model.transformer import ModelConfig, Transformer, initial_params
 from transformer.training.step import PACKING_KEYS, dropout_key, jit_eval_step, jit_train_fns
@@ -369,6 +370,8 @@ def main(argv: list[str]) -> None:
     raise app.UsageError("pass --config=configs/wmt14_ende.py:big (or another config) and "
                          f"--topology=NAME, one of {', '.join(topologies.TOPOLOGIES)}")
   topology = topologies.lookup(FLAGS.topology)
+  if FLAGS.output:  # before minutes of compiling
+    writable_file(FLAGS.output, "--output")
   cfg = with_mesh_flag(FLAGS.config, FLAGS.mesh)
   validate(cfg)
   devices = topologies.devices(topology)

@@ -24,8 +24,10 @@ work is what worker processes are for.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 import threading
@@ -37,7 +39,7 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from transformer.data import batching
+from transformer.data import batching, workers
 from transformer.data.sources import DataError
 from transformer.data.token_cache import TokenCache
 from transformer.host_memory import release_freed_memory
@@ -384,10 +386,18 @@ class Loader:
       if not flags.FLAGS.is_parsed():  # Grain reads its absl flags (defaults) when it starts workers
         flags.FLAGS.mark_as_parsed()
       it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.workers,
-                                                             per_worker_buffer_size=2))
-    iterator = iter(it_ds)
+                                                             per_worker_buffer_size=2),
+                                worker_init_fn=workers.leave_stops_to_parent)
+    # Grain starts its processes with the first batch: with the stop signals held, so that a
+    # Ctrl-C to the process group is the trainer's alone to answer (workers.py)
+    with workers.stop_signals_held() if self.workers else contextlib.nullcontext():
+      iterator = iter(it_ds)
+      head = list(itertools.islice(iterator, 1))
     try:
-      for g, batch in enumerate(iterator, start=first + 1):
+      for g, batch in enumerate(itertools.chain(head, iterator), start=first + 1):
+        if self.workers:  # copied out of the workers' shared memory, which Grain then frees at
+          batch = {k: np.array(v) for k, v in batch.items()}  # once (a block held to the exit is
+                                                              # a resource tracker's warning)
         yield batch, PipelineState(*divmod(g, self.num_batches))
     finally:
       close = getattr(iterator, "close", None)

@@ -34,7 +34,7 @@ from absl import flags
 
 from transformer.data import sources
 from transformer.data.workers import worker_processes
-from transformer.files import disk_problem, write_atomically
+from transformer.files import disk_problem, writable_directory, write_atomically
 from transformer.hardware import usable_cpus
 
 # Word counts: log-normal with median 19.5 and sigma 0.7 gives a mean of ~25 words and ~0.8% of
@@ -169,8 +169,7 @@ def generate(out: str | os.PathLike, shape: Shape, src_lang: str = "en", tgt_lan
              valid_pairs: int = 3000, workers: int | None = None) -> dict:
   """Writes the stand-in corpus into `out`; returns the manifest (also `out/standin.json`)."""
   from transformer.progress import Progress
-  out = Path(out)
-  out.mkdir(parents=True, exist_ok=True)
+  out = writable_directory(out, "--out")
   t0 = time.time()
   workers = workers or usable_cpus()
   junk = junk_positions(shape)

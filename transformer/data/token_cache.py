@@ -22,8 +22,6 @@ import json
 import logging
 import os
 import shutil
-import socket
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -50,7 +48,14 @@ from transformer.data.cache_format import (  # noqa: F401  (the format's names, 
 from transformer.data.sources import DataError, normalise_controls
 from transformer.data.workers import BrokenWorkers, worker_processes
 from transformer.errors import UserError
-from transformer.files import DISK_FULL, NOT_WRITABLE, exclusive, writable_directory
+from transformer.files import (
+  DISK_FULL,
+  NOT_WRITABLE,
+  exclusive,
+  partial_directory,
+  remove_stale_partials,
+  writable_directory,
+)
 from transformer.hardware import memory_mib, usable_cpus
 from transformer.tokens import EOS_ID
 
@@ -127,10 +132,8 @@ class CacheWriter:
     self.tmp: Path | None = None
     try:
       self.directory.parent.mkdir(parents=True, exist_ok=True)
-      remove_stale_partials(self.directory)
-      self.tmp = Path(tempfile.mkdtemp(
-          prefix=f".{self.directory.name}.partial-{socket.gethostname()}-{os.getpid()}-",
-          dir=self.directory.parent))
+      remove_stale_partials(self.directory, "the token cache")
+      self.tmp = partial_directory(self.directory)
       self.files = [open(self.tmp / "src.bin", "wb"), open(self.tmp / "tgt.bin", "wb")]
     except OSError as e:
       if self.tmp is not None:
@@ -213,43 +216,6 @@ class CacheWriter:
     raise DataError(f"could not put the token cache in place at {self.directory}: other "
                     "processes keep replacing it; build it once with "
                     f"`{rebuild_command()}` before starting several runs")
-
-
-STALE_SECONDS = 600  # a partial build of another host (or an older version) untouched this long
-
-
-def remove_stale_partials(directory: Path) -> int:
-  """Removes the temporary directories killed builds of `directory` left beside it: this host's
-  whose process is gone, and others (another host's, an older version's) none of whose files
-  changed for STALE_SECONDS. Returns the bytes freed, and logs them."""
-  freed, count, host = 0, 0, socket.gethostname()
-  for partial in directory.parent.glob(f".{directory.name}.partial-*"):
-    tail = partial.name.rsplit(".partial-", 1)[1].rsplit("-", 2)
-    ours = len(tail) == 3 and tail[0] == host and tail[1].isdigit()
-    try:
-      stats = [f.stat() for f in partial.iterdir()] + [partial.stat()]
-    except OSError:
-      continue  # gone meanwhile
-    if ours and _alive(int(tail[1])):
-      continue
-    if not ours and time.time() - max(s.st_mtime for s in stats) < STALE_SECONDS:
-      continue
-    shutil.rmtree(partial, ignore_errors=True)
-    freed, count = freed + sum(s.st_size for s in stats[:-1]), count + 1
-  if count:
-    log.info("Removed %d partial build(s) of the token cache %s that killed builds left (%.1f MB "
-             "freed)", count, directory.name, freed / 1e6)
-  return freed
-
-
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    pass  # another user's process
-  return True
 
 
 def build(directory: str | os.PathLike, source, vocab_path: str | os.PathLike, filters: Filters,

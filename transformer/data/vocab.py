@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,7 +32,14 @@ import sentencepiece as spm
 
 from transformer.data import sources
 from transformer.data.sources import DataError
-from transformer.files import exclusive, user_cache_dir, writable_directory, write_atomically
+from transformer.files import (
+  exclusive,
+  partial_directory,
+  remove_stale_partials,
+  user_cache_dir,
+  writable_directory,
+  write_atomically,
+)
 from transformer.hardware import usable_cpus
 from transformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -54,8 +60,10 @@ def train_vocab(sentences: Sequence[str], path: str | os.PathLike, vocab_size: i
   if not sample:
     raise DataError("cannot train a vocabulary: the training data has no non-empty lines")
   writable_directory(path.parent, setting)
-  with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-    prefix = Path(tmp) / "spm"
+  remove_stale_partials(path, "the vocabulary")
+  tmp = partial_directory(path)  # a kill -9 leaves it to the next training's remove_stale_partials
+  try:
+    prefix = tmp / "spm"
     try:
       _in_a_thread(lambda: spm.SentencePieceTrainer.train(
           sentence_iterator=iter(sample), model_prefix=str(prefix), vocab_size=vocab_size,
@@ -72,6 +80,8 @@ def train_vocab(sentences: Sequence[str], path: str | os.PathLike, vocab_size: i
     model = prefix.with_suffix(".model")
     model.write_bytes(reproducible(model.read_bytes()))
     os.replace(model, path)  # concurrent runs never see a partial file
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
   log.info("Trained a %d-piece %s vocabulary on %d sentences: %s", vocab_size, model_type,
            len(sample), path)
   return load_vocab(path)

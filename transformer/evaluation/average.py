@@ -23,6 +23,7 @@ from absl import app, flags
 from transformer.cli import run_program
 from transformer.data import vocab as vocab_lib
 from transformer.errors import ConfigError
+from transformer.files import writable_directory
 from transformer.training import checkpoints
 from transformer.training.workdir import load_run
 
@@ -37,6 +38,7 @@ def average_checkpoints(workdir: str, last: int, output: str, step: int | None =
     raise ConfigError("--output must be a new directory, not the training workdir")
   if (output / checkpoints.CHECKPOINT_DIR).exists():
     raise ConfigError(f"{output} already holds checkpoints; choose a new --output")
+  writable_directory(output, "--output", create=False)  # before any checkpoint is read
   run = load_run(workdir, step, average_last=last, with_state=True)
   state = run.state.replace(params=run.raw_params)
   if run.ema_params is not None:  # the parameters and their moving average, each averaged

@@ -135,18 +135,18 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
   return report
 
 
-def check_reports_writable(workdir: str, report_dir: str | None) -> None:
+def check_reports_writable(workdir: str, report_dir: str | None,
+                           advice: str = "pass --report_dir=DIR to write the reports there (the "
+                           "run stays untouched), or make the run writable") -> None:
   """Before anything is loaded or decoded: the reports' folder (and, without `report_dir`, the
-  run's metrics.jsonl) can be written; else a UserError saying what to do."""
+  run's metrics.jsonl) can be written; else a UserError saying what to do (`advice`)."""
   if report_dir:
     writable_directory(report_dir, "--report_dir", create=False)
     return
   if not (Path(workdir) / "config.json").exists():
     return  # not a workdir: load_runs says so
-  advice = ("pass --report_dir=DIR to write the reports there (the run stays untouched), or make "
-            "the run writable")
   writable_directory(Path(workdir) / "eval", "--report_dir", create=False, advice=advice)
-  writable_file(Path(workdir) / METRICS_FILE, "--report_dir", advice=advice, append=True)
+  writable_file(Path(workdir) / METRICS_FILE, "--report_dir", advice=advice)
 
 
 def write_report(report: dict[str, Any], result: translator.Translations, sources_: Sequence[str],
@@ -190,6 +190,8 @@ def main(argv: list[str]) -> None:
     if FLAGS.report_dir:
       raise app.UsageError("--watch keeps its record in the run (eval/best.json, metrics.jsonl); "
                            "drop --report_dir, or evaluate single checkpoints with it")
+    check_reports_writable(FLAGS.workdir, None, advice="--watch keeps its record in the run "
+                           "(eval/, metrics.jsonl): make the run writable")
     cfg = checkpoints.load_run_config(FLAGS.workdir)
     settings = translator.SearchSettings.from_config(cfg, **search)
     watch(FLAGS.workdir, lambda step: evaluate(FLAGS.workdir, step=step, compiled_cache=compiled,

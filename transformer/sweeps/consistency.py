@@ -1,4 +1,5 @@
-"""Before a grid runs anything: every run it finds (in its folder or its record) belongs to it.
+"""Before a grid runs anything: its folder and record can be written, and every run it finds (in
+its folder or its record) belongs to it.
 
 A grid resumed with another base config would put runs of two recipes in one table; one resumed
 with fewer seeds, or a record holding variants the grid no longer has, would leave finished runs
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer.errors import ConfigError
+from transformer.files import writable_directory
 from transformer.training import checkpoints
 
 # Keys that decide how a run is logged, checkpointed or fed, not what it learns or how it is
@@ -58,6 +60,14 @@ def found_runs(folder: Path) -> set[tuple[str, int]]:
     if seed.isdigit():
       found.add((config.parent.parent.name, int(seed)))
   return found
+
+
+def writable(root: Path, record: str | None) -> None:
+  """Raises UserError unless the grid's folder and record can be written (before it builds its
+  test sets or trains anything)."""
+  writable_directory(root, "--root", create=False)
+  if record:
+    writable_directory(record, "--record", create=False)
 
 
 def check(runs: Sequence[Any], grid_name: str, root: Path, record: Path | None) -> None:

@@ -377,6 +377,7 @@ def main(argv: list[str]) -> None:
     runs = plan(grid, base, base_arguments(sys.argv), seeds, root, files, FLAGS.min_len)
     print("\n".join(command_lines(selected(runs, grid, FLAGS.only))))
     return
+  consistency.writable(root, FLAGS.record)
   files = {name: test_sets.build(name, base, seeds[0], root / "test_sets")
            for name in grid.test_sets}
   files.update(held_out)

@@ -33,7 +33,7 @@ from ml_collections import config_flags
 from transformer.cli import run_program
 from transformer.config import validate
 from transformer.data import pipeline, sources
-from transformer.files import write_atomically
+from transformer.files import writable_file, write_atomically
 from transformer.hardware import memory_mib, usable_cpus
 
 log = logging.getLogger("transformer")
@@ -100,6 +100,8 @@ def main(argv: list[str]) -> None:
   if not names and cfg is None:
     raise app.UsageError(f"name a dataset ({', '.join(DATASETS)} or a TFDS name) or pass --config")
   data_dir = FLAGS.data_dir
+  if FLAGS.report:  # before the work it reports on
+    writable_file(FLAGS.report, "--report")
   if cfg is not None:
     validate(cfg)
     downloads = sources.source_of(cfg.data).downloads(cfg.data)

@@ -31,6 +31,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from transformer.errors import ConfigError  # noqa: E402
+from transformer.files import writable_directory  # noqa: E402
 from transformer.model import positions as positional  # noqa: E402
 from transformer.model.transformer import (  # noqa: E402
   BOS_ID,
@@ -217,6 +218,8 @@ def visualize(workdir: str, source: str, target: str | None = None, step: int | 
   """Attention maps of `workdir`'s checkpoint for one sentence; returns them, the files and step."""
   from transformer.decoding import translator
   from transformer.training.workdir import load_run
+  out = Path(output_dir) if output_dir else Path(workdir) / "attention"
+  writable_directory(out, "--output_dir", create=False)  # before the model is loaded
   run = load_run(workdir, step)
   cfg, vocab, model, params, steps = run.config, run.vocab, run.model, run.params(), run.steps
   if not source.strip():
@@ -239,7 +242,6 @@ def visualize(workdir: str, source: str, target: str | None = None, step: int | 
   pieces[EOS_ID], pieces[BOS_ID] = "</s>", "<s>"
   maps = attention_maps(model, params, source_ids, target_ids, pieces)
   tables = positional_tables(params, model.config, min(cfg.data.max_len, model.config.max_len))
-  out = Path(output_dir) if output_dir else Path(workdir) / "attention"
   return maps, write_figures(maps, tables, out), steps[-1]
 
 

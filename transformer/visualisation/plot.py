@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from transformer.errors import UserError  # noqa: E402
+from transformer.files import writable_file  # noqa: E402
 from transformer.metrics import METRICS_FILE, read_metrics, training_clock  # noqa: E402
 from transformer.training import checkpoints  # noqa: E402
 
@@ -205,7 +206,7 @@ def main(argv: list[str]) -> None:
   groups: dict[str, list[str]] = {}
   for workdir in workdirs:
     groups.setdefault(run_label(workdir), []).append(workdir)
-  output = Path(flags.FLAGS.output)
+  output = writable_file(flags.FLAGS.output, "--output")
   output.parent.mkdir(parents=True, exist_ok=True)
   compare_runs(groups, output, flags.FLAGS.title)
   print(f"{output}: {len(workdirs)} run(s) in {len(groups)} group(s): {', '.join(groups)}")
