@@ -144,3 +144,17 @@ def snapshot(*paths) -> dict[str, bytes | None]:
       if p.is_file():
         files[str(p)] = p.read_bytes()
   return files
+
+
+def live_processes(parent: int | None = None, group: int | None = None) -> set[int]:
+  """The live (not zombie) processes whose parent is `parent` or whose process group is `group`,
+  from Linux's /proc."""
+  found = set()
+  for stat in Path("/proc").glob("[0-9]*/stat"):
+    try:
+      fields = stat.read_text().rsplit(")", 1)[1].split()  # state, parent, process group, ...
+    except OSError:
+      continue
+    if fields[0] != "Z" and (int(fields[1]) == parent or int(fields[2]) == group):
+      found.add(int(stat.parent.name))
+  return found

@@ -13,10 +13,9 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-from helpers import REPO, cli_overrides, tiny_run_config
+from helpers import REPO, cli_overrides, live_processes, tiny_run_config
 from test_preparing import big_corpus, partials, wait_until
 
 STOPPED = "stopped by {} before it finished; what it had finished is kept"
@@ -39,16 +38,7 @@ if __name__ == "__main__":
 
 
 def group(pgid: int) -> set[int]:
-  """The live processes of process group `pgid` (Linux's /proc)."""
-  found = set()
-  for stat in Path("/proc").glob("[0-9]*/stat"):
-    try:
-      fields = stat.read_text().rsplit(")", 1)[1].split()
-    except OSError:
-      continue
-    if fields[0] != "Z" and int(fields[2]) == pgid:
-      found.add(int(stat.parent.name))
-  return found
+  return live_processes(group=pgid)
 
 
 def start(command, **kwargs) -> subprocess.Popen:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, tiny_run_config
+from helpers import REPO, live_processes, tiny_run_config
 
 from transformer import files
 from transformer.data import sources
@@ -24,16 +24,7 @@ from transformer.errors import UserError
 
 
 def children(pid: int) -> set[int]:
-  """The live processes whose parent is `pid` (Linux's /proc)."""
-  found = set()
-  for stat in Path("/proc").glob("[0-9]*/stat"):
-    try:
-      fields = stat.read_text().rsplit(")", 1)[1].split()
-    except OSError:
-      continue
-    if fields[0] != "Z" and int(fields[1]) == pid:
-      found.add(int(stat.parent.name))
-  return found
+  return live_processes(parent=pid)
 
 
 def alive(pids) -> set[int]:
@@ -90,6 +81,19 @@ def test_a_worker_watches_its_parent_and_exits_when_it_is_gone():
           "import os\nworkers._watch_parent(os.getppid() + 10**6)\n")
   done = subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=30)
   assert done.returncode == 1
+
+
+def test_a_killed_vocabulary_trainings_folder_is_removed_by_the_next_and_a_live_ones_kept(tmp_path):
+  import socket
+  host = socket.gethostname()
+  dead = tmp_path / f".vocab.model.partial-{host}-999999999-abc"  # no such process
+  live = tmp_path / f".vocab.model.partial-{host}-{os.getpid()}-abc"
+  for partial in (dead, live):
+    partial.mkdir()
+    (partial / "spm.vocab").write_text("half")
+  lines = sources.read_lines(sources.BUNDLED_DIR / "train.en.gz")[:500]
+  vocab_lib.train_vocab(lines, tmp_path / "vocab.model", 100)
+  assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "vocab.model"])
 
 
 # ----------------------------------------------------------------- read-only cache directories
@@ -259,6 +263,14 @@ def test_prepare_and_training_stop_at_sigterm_and_sighup_in_one_line_leaving_not
   assert "run the same command again to go on" in last
   assert not list(vocab_dir.iterdir())  # no temporary directory, lock or half a model
 
+  # kill -9 while SentencePiece trains: its temporary folder stays, until the next training of
+  # that vocabulary (the SIGTERM case below) removes it.
+  process = start("transformer.training.prepare", args)
+  assert wait_until(lambda: training_vocab(None) or process.poll() is not None, 300)
+  process.kill()
+  process.wait()
+  assert [p for p in vocab_dir.iterdir() if ".partial-" in p.name]
+
   # SIGTERM while the workers tokenize: the partial cache removed, every worker gone.
   status, last, spawned = stop_when(start("transformer.training.prepare", args),
                                     tokenizing, signal.SIGTERM, tmp_path)
@@ -266,7 +278,8 @@ def test_prepare_and_training_stop_at_sigterm_and_sighup_in_one_line_leaving_not
   assert len(spawned) >= 2
   assert wait_until(lambda: not alive(spawned), 5), alive(spawned)
   assert not partials(tmp_path)
-  assert [p.name for p in vocab_dir.iterdir()][0].endswith(".model")  # what it had finished: kept
+  left = [p.name for p in vocab_dir.iterdir()]  # what it had finished, kept; the partial gone
+  assert len(left) == 1 and left[0].endswith(".model"), left
 
   # The same in a training run's own cache build: the new workdir is removed again.
   workdir = tmp_path / "run"
