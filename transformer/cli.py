@@ -22,7 +22,13 @@ from absl import app, flags
 
 from transformer import stops
 from transformer.errors import EXIT_USER_ERROR, UserError
-from transformer.files import DISK_FULL, NOT_WRITABLE, disk_problem, user_cache_dir
+from transformer.files import (
+  DISK_FULL,
+  NOT_WRITABLE,
+  disk_problem,
+  user_cache_dir,
+  writable_directory,
+)
 
 
 def flags_parser(program: str) -> Callable[[list[str]], list[str]]:
@@ -246,8 +252,17 @@ def default_cache_dir() -> str:
 
 def use_compilation_cache(directory: str) -> None:
   """JAX's persistent compilation cache in `directory` ('' = off). Every program compiled for over
-  a second is kept: transformer-eval's decode compiles as long as it runs on a CPU."""
+  a second is kept: transformer-eval's decode compiles as long as it runs on a CPU. (JAX keeps
+  XLA's GPU autotuning results there too: `jax_persistent_cache_enable_xla_caches`.) A directory
+  this job cannot write (read-only, another user's, a full disk) is said once, and the program
+  runs without the cache rather than warn at every compilation."""
   import jax
+  if directory:
+    try:
+      writable_directory(directory, "--compilation_cache")
+    except UserError as e:
+      logging.getLogger("transformer").warning("%s; running without the compilation cache", e)
+      directory = ""
   if not directory:
     jax.config.update("jax_enable_compilation_cache", False)
     return

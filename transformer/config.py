@@ -124,6 +124,9 @@ def _train_keys() -> ml_collections.ConfigDict:
   train.loss_chunks = 0             # > 0: the loss projects onto the vocabulary this many chunks of
                                     # target positions at a time, never holding the logits [B, T, V]
                                     # (the same loss and gradients); 0: the whole logits at once.
+  train.compile_ahead = True        # compile the train and validation steps for every batch shape
+                                    # before the first step, all at once (training/compiled.py);
+                                    # False: each shape when the loop first meets it (the same result).
   train.dropout_rng = "threefry2x32"  # JAX's default; 'unsafe_rbg_threefry': dropout ~4x cheaper on CPU.
   train.log_every = 100
   train.eval_every = 1000

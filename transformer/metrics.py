@@ -132,14 +132,18 @@ COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
 
 class CompileClock:
   """Seconds this process spends tracing and compiling while the clock is open (a context
-  manager), summed from the durations JAX reports through jax.monitoring."""
+  manager), summed from the durations JAX reports through jax.monitoring, and how many programs
+  it lowered to compile (each new program is lowered once, whether XLA or the persistent cache
+  then gives its executable)."""
 
   def __init__(self):
     self.seconds = 0.0
+    self.lowerings = 0
 
   def _record(self, event: str, duration: float, **_: Any) -> None:
     if event in COMPILE_EVENTS:
       self.seconds += duration
+    self.lowerings += event == COMPILE_EVENTS[1]
 
   def __enter__(self) -> CompileClock:
     jax.monitoring.register_event_duration_secs_listener(self._record)

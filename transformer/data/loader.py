@@ -404,6 +404,14 @@ class Loader:
       if close is not None:
         close()
 
+  def batch_shapes(self) -> list[tuple[int, int]]:
+    """The (global rows, padded length) of every batch shape an epoch fills (every epoch fills
+    the same): what the train step is compiled for before the first step."""
+    if self.spec.mode == "pack":
+      return [(self.planner.rows, self.spec.pack_length)]
+    lengths = sorted(set(self.planner.batch_lengths.tolist()))
+    return [(self.spec.global_rows(length), length) for length in lengths]
+
   def epoch_fraction(self, state: PipelineState) -> float:
     return state.epoch + state.batch / self.num_batches
 

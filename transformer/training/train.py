@@ -58,7 +58,7 @@ from transformer.hardware import table_peak
 from transformer.metrics import CompileClock, MetricWriter, format_duration
 from transformer.model.size import training_flops_per_target_token
 from transformer.model.transformer import PAD_ID, ModelConfig, Transformer
-from transformer.training import checkpoints, preemption
+from transformer.training import checkpoints, compiled, preemption
 from transformer.training import nonfinite as faults
 from transformer.training.step import (
   EmaTrainState,
@@ -249,11 +249,14 @@ class _Loop:
     self.launch_sec = hardware.seconds_since_launch()  # the start-up: imports, data, state
     # Where the loop's wall time goes besides the steps (compiling counted apart from the rest).
     self.validation_sec = self.checkpoint_sec = self.wait_sec = 0.0
-    self.eval_fn = jit_eval_step(run.model, run.mesh)
     self.peak = table_peak(jax.devices()[0].device_kind)  # None off the table (CPUs): no MFU then
     self.watch = faults.NonFiniteWatch(skip=run.cfg.train.on_nonfinite == "skip")
     self.start = int(run.state.step)
-    self.t_start = self.interval_start = self.last_save = time.time()
+    self.t_start = self.last_save = time.time()
+    # Both steps compiled for every batch shape before the first step: the loop only dispatches.
+    self.step_fn, self.eval_fn = compiled.loop_steps(run, jit_eval_step(run.model, run.mesh))
+    self.learning_rate = compiled.learning_rate(run.fns.schedule)
+    self.lowered_before_loop, self.interval_start = compiling.lowerings, time.time()
     self.interval_sums, self.interval_flops, self.tokens_seen = [], 0.0, 0.0
     self.interval_real, self.interval_positions = 0.0, 0  # this process's target tokens, padding
     self.interval_wait = 0.0  # seconds the loop waited for its next batch
@@ -272,7 +275,7 @@ class _Loop:
       waited = time.perf_counter()
       batch, next_data_state = next(batches)
       self.interval_wait += time.perf_counter() - waited
-      state, sums = run.fns.step(state, partitioning.shard_batch(batch, mesh), dropout_rng, healthy)
+      state, sums = self.step_fn(state, partitioning.shard_batch(batch, mesh), dropout_rng, healthy)
       healthy = sums["healthy"]  # stays on the device: see step.train_step
       self.watch.record(step + 1, batch, data_state, sums)
       data_state = next_data_state
@@ -311,7 +314,7 @@ class _Loop:
     """The steps since the last progress line: a metrics record and a log line."""
     now = time.time()
     record = interval_record(jax.device_get(self.interval_sums), now - self.interval_start)
-    record.update(learning_rate=float(self.run.fns.schedule(done - 1)),
+    record.update(learning_rate=self.learning_rate(done - 1),
                   epoch=self.run.train_pipeline.epoch_fraction(data_state),
                   elapsed=now - self.t_start, skipped_updates=self.watch.skipped,
                   tflops_per_sec=self.interval_flops / (now - self.interval_start) / 1e12,
@@ -371,6 +374,8 @@ class _Loop:
                "tokens_per_sec": (self.tokens_seen / train_time if train_time and self.tokens_seen
                                   else None),
                "skipped_updates": self.watch.skipped, "parameters": self.n_params,
+               "shapes_compiled": self.step_fn.shapes + self.eval_fn.shapes,
+               "compiled_in_loop": self.compiling.lowerings - self.lowered_before_loop,
                **self.wall_split(train_time)}
     if total > self.start:
       self.writer.write("summary", total, **summary)
