@@ -364,7 +364,10 @@ def main(argv: list[str]) -> None:
     writable_directory(FLAGS.checkpoint_dir, "--checkpoint_dir")
   if FLAGS.output:
     writable_directory(writable_file(FLAGS.output, "--output").parent, "--output")
-  if FLAGS.input_pipeline:
+  if FLAGS.loop:
+    from transformer.accelerators.loop_benchmark import benchmark_loop
+    result = benchmark_loop(FLAGS.config, FLAGS.loop)
+  elif FLAGS.input_pipeline:
     result = benchmark_input(FLAGS.config, FLAGS.batches, [int(w) for w in FLAGS.loader_workers],
                              [float(ms) for ms in FLAGS.stub_step_ms], FLAGS.stub_steps,
                              FLAGS.token_cache, FLAGS.busy_cores)
@@ -415,6 +418,9 @@ def run() -> None:
   flags.DEFINE_bool("input_pipeline", False, "Time the config's training loader instead "
                     "(transformer/data/input_benchmark.py).")
   flags.DEFINE_integer("batches", 200, "Batches to time with --input_pipeline.")
+  flags.DEFINE_integer("loop", 0, "Time the real training loop for this many steps (after one "
+                       "untimed progress interval) beside the step alone on the same batches "
+                       "(transformer/accelerators/loop_benchmark.py).")
   flags.DEFINE_list("loader_workers", ["0"], "With --input_pipeline: Grain worker counts to time.")
   flags.DEFINE_list("stub_step_ms", ["50", "12"], "With --input_pipeline: the stand-in training "
                     "loop's step times (ms).")

@@ -25,6 +25,7 @@ import numpy as np
 
 from transformer import partitioning
 from transformer.hardware import usable_cpus
+from transformer.metrics import COMPILE_EVENTS
 from transformer.training.step import dropout_key
 
 log = logging.getLogger("transformer")
@@ -118,6 +119,7 @@ def compile_all(lowered: Sequence[tuple[PerShape, Shape, Any]], threads: int | N
     for (owner, shape, _), executable in zip(lowered, done):
       owner.executables[shape] = executable
   seconds = time.perf_counter() - t
+  jax.monitoring.record_event_duration_secs(COMPILE_EVENTS[-1], seconds)  # (metrics.CompileClock)
   names = {owner.name: sum(1 for o, _, _ in lowered if o is owner) for owner, _, _ in lowered}
   log.info("Compiled %s ahead of the loop in %.1fs (%d at a time)",
            " and ".join(f"the {name} for {n} batch shape(s)" for name, n in names.items()),
