@@ -636,6 +636,35 @@ def start_times() -> str:
   return "\n".join(lines)
 
 
+@table("compile-ahead")
+def compile_ahead() -> str:
+  """docs/performance.md: the default run's start with the steps compiled ahead and when met, and
+  the loop beside the step alone (bash experiments/recipes/compile_ahead.sh; transformer-benchmark
+  --loop)."""
+  lines = ["| record | machine | steps compiled | runs | launch to first step | launch to step 60 "
+           "(the run) | programs compiled before the loop / in it |", "|---|---|---|---|---|---|---|"]
+  loops = ["| record | machine | model | target tokens / step | the loop | the step alone | "
+           "loop / step |", "|---|---|---|---|---|---|---|"]
+  for folder in sorted((RESULTS / "compile_ahead").glob("*/")):
+    machine = json.loads((folder / "machine.json").read_text())
+    name = f"`compile_ahead/{folder.name}` | {machine['cores']}-core {machine['cpu']}"
+    for ahead, how in (("True", "ahead, all at once"), ("False", "when met (jit)")):
+      runs = [json.loads(f.read_text()) for f in sorted(folder.glob(f"ahead_{ahead}_*.json"))]
+      if runs:
+        first = [r["first_step_sec"] for r in runs]
+        wall = [r["wall_sec"] for r in runs]
+        lines.append(f"| {name} | {how} | {len(runs)} | {' / '.join(f'{x:.0f} s' for x in first)} "
+                     f"| {' / '.join(f'{x:.0f} s' for x in wall)} | {runs[0]['shapes_compiled']} / "
+                     f"{runs[0]['compiled_in_loop']} |")
+    for path, model, tokens in (("loop_tiny_256.json", "1 layer, d_model 32", "256"),
+                                ("loop_default.json", "the default (2 + 2 layers, 256)", "2,048")):
+      if (folder / path).is_file():
+        r = json.loads((folder / path).read_text())
+        loops.append(f"| {name} | {model} | {tokens} | {r['loop_target_tokens_per_sec']:,.0f}/s | "
+                     f"{r['step_target_tokens_per_sec']:,.0f}/s | {r['loop_over_step']:.2f} |")
+  return "\n".join(lines) + "\n\n" + "\n".join(loops)
+
+
 @table("quality-per-minute")
 def quality_per_minute() -> str:
   text = (RESULTS / "default_multi30k" / "quality_per_minute.md").read_text()

@@ -181,3 +181,17 @@ def test_a_token_cache_of_another_vocabulary_is_refused_before_timing(tmp_path):
   (own.directory / "meta.json").write_text(json.dumps(meta))
   with pytest.raises(DataError, match="built from other data, another vocabulary or other filters"):
     benchmark_input(cfg, 2, [0], [1.0], 2, token_cache=str(own.directory))
+
+
+def test_the_loop_benchmark_trains_what_the_step_alone_trains(tmp_path):
+  """The loop's final parameters equal the step alone's over the same batches from the same start
+  (benchmark_loop checks it bit for bit and says so), and both speeds are positive."""
+  from transformer.accelerators.loop_benchmark import benchmark_loop
+  cfg = tiny_run_config(tmp_path)
+  cfg.train.log_every = 2
+  result = benchmark_loop(cfg, steps=4)
+  assert result["loop_params_equal_step_alone"] and result["loop_steps"] == 4
+  assert len(result["loop_interval_tokens_per_sec"]) == 2
+  assert result["loop_target_tokens_per_sec"] > 0 and result["step_target_tokens_per_sec"] > 0
+  assert math.isclose(result["loop_over_step"], result["loop_target_tokens_per_sec"]
+                      / result["step_target_tokens_per_sec"])
