@@ -178,3 +178,13 @@ def test_a_run_it_may_only_read_is_evaluated_translated_averaged_drawn_and_expor
                         f"--format={fmt}", f"--output={rw}/{fmt}")
       assert exported.returncode == 0, exported.stderr[-3000:]
   assert snapshot(run) == before
+
+
+def test_a_compilation_cache_it_may_not_write_is_one_warning_and_the_work_goes_on(as_user,
+                                                                                   places):
+  out = run_as(as_user, "transformer.evaluation.translate", f"--workdir={places['run']}",
+               f"--compilation_cache={places['ro']}/cache", stdin="A dog runs.\n")
+  assert out.returncode == 0 and len(out.stdout.splitlines()) == 1, out.stderr[-3000:]
+  assert out.stderr.count("running without the compilation cache") == 1, out.stderr[-3000:]
+  assert f"cannot write in {places['ro']}/cache (Permission denied)" in out.stderr
+  assert "Traceback" not in out.stderr and not (places["ro"] / "cache").exists()
