@@ -252,11 +252,11 @@ class _Loop:
     self.peak = table_peak(jax.devices()[0].device_kind)  # None off the table (CPUs): no MFU then
     self.watch = faults.NonFiniteWatch(skip=run.cfg.train.on_nonfinite == "skip")
     self.start = int(run.state.step)
-    self.t_start = self.last_save = time.time()
+    self.t_start = self.interval_start = self.last_save = time.time()
     # Both steps compiled for every batch shape before the first step: the loop only dispatches.
     self.step_fn, self.eval_fn = compiled.loop_steps(run, jit_eval_step(run.model, run.mesh))
     self.learning_rate = compiled.learning_rate(run.fns.schedule)
-    self.lowered_before_loop, self.interval_start = compiling.lowerings, time.time()
+    self.lowered_before_loop = compiling.lowerings
     self.interval_sums, self.interval_flops, self.tokens_seen = [], 0.0, 0.0
     self.interval_real, self.interval_positions = 0.0, 0  # this process's target tokens, padding
     self.interval_wait = 0.0  # seconds the loop waited for its next batch
