@@ -88,6 +88,8 @@ def flag_error(error: Exception, argv: list[str]) -> str:
   if isinstance(error, OSError):  # ml_collections could not open the config file
     reason = str(error).strip().splitlines()[-1].strip()
     return f"cannot load --{name}={path}: {reason.split('earlier failure to load: ')[-1]}"
+  if isinstance(error, ValueError):  # a flag's value that cannot be parsed
+    return str(error)
   raise error  # a bug of ours: its traceback stays
 
 
