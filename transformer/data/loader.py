@@ -396,8 +396,8 @@ class Loader:
     try:
       for g, batch in enumerate(itertools.chain(head, iterator), start=first + 1):
         if self.workers:  # copied out of the workers' shared memory, which Grain then frees at
-          batch = {k: np.array(v) for k, v in batch.items()}  # once (a block held to the exit is
-                                                              # a resource tracker's warning)
+          # once: a block still held at the exit draws a warning from the resource tracker
+          batch = {k: np.array(v) for k, v in batch.items()}
         yield batch, PipelineState(*divmod(g, self.num_batches))
     finally:
       close = getattr(iterator, "close", None)

@@ -75,9 +75,9 @@ def loop_steps(run: Any, eval_fn: Callable) -> tuple[PerShape, PerShape]:
 
 
 class PerShape:
-  """`fn` (jitted, with `.lower`), called as `fn(first, batch, *rest)`, through executables
-  compiled ahead for the batch shapes given to `compile_ahead`; `late` counts the shapes it had
-  to compile when called."""
+  """`fn` (jitted, with `.lower`), called as `fn(first, batch, *rest)`, through the executables
+  `lower_all` and `compile_all` made for its batch shapes (with none, it is `fn` itself); `late`
+  counts the shapes it had to compile when called."""
 
   def __init__(self, fn: Callable, name: str):
     self.fn, self.name = fn, name
