@@ -26,19 +26,21 @@ def summary(workdir):
 
 @pytest.fixture(scope="module")
 def both_ways(tmp_path_factory):
-  """The tiny bucketed run trained with the steps compiled ahead and the jit way: (config,
-  workdir) of each."""
+  """The tiny bucketed run trained the default way (steps compiled ahead, batches placed ahead by
+  the feed's thread) and the old way (jit's compile-when-met, each batch placed when its step
+  comes): (config, workdir) of each."""
   tmp = tmp_path_factory.mktemp("compile_ahead")
   runs = {}
   for ahead in (True, False):
     cfg = tiny_run_config(tmp)
     cfg.train.steps, cfg.train.compile_ahead = 12, ahead
+    cfg.train.device_prefetch = 2 if ahead else 0
     train_and_evaluate(cfg, str(tmp / f"ahead_{ahead}"))
     runs[ahead] = cfg, tmp / f"ahead_{ahead}"
   return runs
 
 
-def test_compiling_ahead_trains_bit_identically_to_compiling_when_met(both_ways):
+def test_compiling_and_placing_ahead_train_bit_identically_to_the_old_loop(both_ways):
   ahead, when_met = (load_run(both_ways[k][1]) for k in (True, False))
   assert ahead.steps == when_met.steps == [12]
   for a, b in zip(jax.tree.leaves(ahead.raw_params), jax.tree.leaves(when_met.raw_params)):

@@ -127,6 +127,8 @@ def _train_keys() -> ml_collections.ConfigDict:
   train.compile_ahead = True        # compile the train and validation steps for every batch shape
                                     # before the first step, all at once (training/compiled.py);
                                     # False: each shape when the loop first meets it (the same result).
+  train.device_prefetch = 2         # batches placed on the devices ahead of their step, from a
+                                    # background thread (training/feed.py); 0: each when its step comes.
   train.dropout_rng = "threefry2x32"  # JAX's default; 'unsafe_rbg_threefry': dropout ~4x cheaper on CPU.
   train.log_every = 100
   train.eval_every = 1000

@@ -46,14 +46,15 @@ class MetricWriter:
     record.update({k: _plain(v) for k, v in values.items()})
     with self.path.open("a") as f:
       f.write(json.dumps(record) + "\n")
+    if self._tensorboard is None:  # at the first record (a training run's is before its loop):
+      # importing tensorboardX (and what it imports) takes seconds, which a loop should not pay.
+      from tensorboardX import SummaryWriter
+      # tensorboardX names the file by the second; the suffix keeps two writers of the same
+      # second (a quick restart) apart, in the order TensorBoard reads them.
+      self._tensorboard = SummaryWriter(str(self.tensorboard_dir), purge_step=self.purge_step,
+                                        filename_suffix=f".{time.time_ns() % 10**9:09d}")
     scalars = tensorboard_scalars(record)
     if scalars:
-      if self._tensorboard is None:
-        from tensorboardX import SummaryWriter
-        # tensorboardX names the file by the second; the suffix keeps two writers of the same
-        # second (a quick restart) apart, in the order TensorBoard reads them.
-        self._tensorboard = SummaryWriter(str(self.tensorboard_dir), purge_step=self.purge_step,
-                                          filename_suffix=f".{time.time_ns() % 10**9:09d}")
       for tag, value in scalars.items():
         self._tensorboard.add_scalar(tag, value, record["step"], walltime=record["time"])
       self._tensorboard.flush()  # a few records a minute: flushing each keeps TensorBoard live

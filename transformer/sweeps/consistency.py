@@ -21,7 +21,7 @@ from transformer.training import checkpoints
 # scored: runs of one grid may differ in them (a grid may checkpoint less than a single run).
 BOOKKEEPING = {
     "train": ("log_every", "eval_every", "checkpoint_every", "checkpoint_minutes",
-              "keep_checkpoints", "compile_ahead"),
+              "keep_checkpoints", "compile_ahead", "device_prefetch"),
     "data": ("vocab_cache_dir", "token_cache_dir", "loader_workers"),
 }
 

@@ -58,7 +58,7 @@ from transformer.hardware import table_peak
 from transformer.metrics import CompileClock, MetricWriter, format_duration
 from transformer.model.size import training_flops_per_target_token
 from transformer.model.transformer import PAD_ID, ModelConfig, Transformer
-from transformer.training import checkpoints, compiled, preemption
+from transformer.training import checkpoints, compiled, feed, preemption
 from transformer.training import nonfinite as faults
 from transformer.training.step import (
   EmaTrainState,
@@ -263,28 +263,35 @@ class _Loop:
     self.saved_step = self.start
 
   def train(self) -> dict[str, Any]:
-    run, cfg, mesh = self.run, self.run.cfg, self.run.mesh
-    state, data_state, total = run.state, run.data_state, cfg.train.steps
-    if self.start >= total:
-      log.info("Already trained to step %d (train.steps = %d); nothing to do", self.start, total)
-    batches = itertools.chain([run.first_batch] if run.first_batch else [], run.batches)
+    run = self.run
+    if self.start >= run.cfg.train.steps:
+      log.info("Already trained to step %d (train.steps = %d); nothing to do", self.start,
+               run.cfg.train.steps)
+      return self.finish()
+    batches = itertools.chain([run.first_batch], run.batches)
+    with feed.DeviceFeed(batches, run.mesh, lambda b: batch_flops(run.model.config, b),
+                         depth=run.cfg.train.device_prefetch) as placed:
+      return self._steps(placed)
+
+  def _steps(self, placed: feed.DeviceFeed) -> dict[str, Any]:
+    run, cfg, total = self.run, self.run.cfg, self.run.cfg.train.steps
+    state, data_state = run.state, run.data_state
     dropout_rng = dropout_key(cfg)
-    healthy = jax.device_put(True, partitioning.replicated(mesh))  # laid out like the step's output
+    healthy = jax.device_put(True, partitioning.replicated(run.mesh))  # as the step returns it
     minutes = cfg.train.checkpoint_minutes  # the wall-clock cadence; 0 = off
     for step in range(self.start, total):
       waited = time.perf_counter()
-      batch, next_data_state = next(batches)
+      batch = next(placed)
       self.interval_wait += time.perf_counter() - waited
-      state, sums = self.step_fn(state, partitioning.shard_batch(batch, mesh), dropout_rng, healthy)
+      state, sums = self.step_fn(state, batch.arrays, dropout_rng, healthy)
       healthy = sums["healthy"]  # stays on the device: see step.train_step
-      self.watch.record(step + 1, batch, data_state, sums)
-      data_state = next_data_state
+      self.watch.record(step + 1, batch.host, data_state, sums)
+      data_state = batch.data_state
       self.interval_sums.append(sums)
-      self.interval_flops += batch_flops(run.model.config, batch)
-      real = float((batch["tgt"] != PAD_ID).sum())
-      self.interval_positions += batch["tgt"].size
-      self.interval_real += real
-      self.bar.update(1, tokens=real * jax.process_count())
+      self.interval_flops += batch.flops
+      self.interval_positions += batch.positions
+      self.interval_real += batch.real_tokens
+      self.bar.update(1, tokens=batch.real_tokens * jax.process_count())
       done = step + 1
       log_due = done % cfg.train.log_every == 0 or done == total
       eval_due = done % cfg.train.eval_every == 0 or done == total
