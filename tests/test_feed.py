@@ -5,13 +5,13 @@ closed feed stops its thread without reading the loader further."""
 import threading
 import time
 
-import jax
 import numpy as np
 import pytest
+from helpers import tiny_model_config
 
 from transformer import partitioning
 from transformer.model.transformer import PAD_ID
-from transformer.training.feed import DeviceFeed
+from transformer.training.feed import DeviceFeed, batch_flops
 
 
 def loader(n, rows=2, length=5, seed=0):
@@ -23,6 +23,9 @@ def loader(n, rows=2, length=5, seed=0):
     yield {"src": tgt[:, ::-1].copy(), "tgt": tgt}, {"batch": i + 1}
 
 
+MODEL = tiny_model_config()
+
+
 @pytest.fixture
 def mesh():
   return partitioning.data_mesh()
@@ -30,8 +33,7 @@ def mesh():
 
 @pytest.mark.parametrize("depth", [0, 1, 3])
 def test_the_feed_yields_the_loaders_batches_in_order_with_their_counts(mesh, depth):
-  flops = lambda b: 7.0 * b["src"].size  # noqa: E731
-  with DeviceFeed(loader(9), mesh, flops, depth=depth) as feed:
+  with DeviceFeed(loader(9), mesh, MODEL, depth=depth) as feed:
     placed = list(feed)
   expected = list(loader(9))
   assert len(placed) == 9
@@ -42,14 +44,14 @@ def test_the_feed_yields_the_loaders_batches_in_order_with_their_counts(mesh, de
       np.testing.assert_array_equal(np.asarray(got.arrays[key]), batch[key])
       assert got.arrays[key].sharding == partitioning.batch_sharding(mesh)
     assert got.real_tokens == float(np.count_nonzero(batch["tgt"] != PAD_ID))
-    assert got.positions == batch["tgt"].size and got.flops == 7.0 * batch["src"].size
+    assert got.positions == batch["tgt"].size and got.flops == batch_flops(MODEL, batch) > 0
 
 
 def test_an_error_in_the_loader_is_raised_in_the_loops_thread_after_the_batches_before_it(mesh):
   def broken():
     yield from loader(2)
     raise ValueError("shard 3 of the token cache is truncated")
-  with DeviceFeed(broken(), mesh, lambda b: 0.0, depth=2) as feed:
+  with DeviceFeed(broken(), mesh, MODEL, depth=2) as feed:
     assert [p.data_state for p in (next(feed), next(feed))] == [{"batch": 1}, {"batch": 2}]
     with pytest.raises(ValueError, match="shard 3 of the token cache is truncated"):
       next(feed)
@@ -61,7 +63,7 @@ def test_closing_stops_the_thread_and_reads_no_further_than_its_depth(mesh):
     for item in loader(1000):
       read.append(item[1]["batch"])
       yield item
-  feed = DeviceFeed(counted(), mesh, lambda b: 0.0, depth=2)
+  feed = DeviceFeed(counted(), mesh, MODEL, depth=2)
   assert next(feed).data_state == {"batch": 1}
   time.sleep(0.5)  # the thread fills its queue and waits
   feed.close()

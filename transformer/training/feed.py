@@ -15,14 +15,15 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import numpy as np
 
 from transformer import partitioning
-from transformer.model.transformer import PAD_ID
+from transformer.model.size import training_flops_per_target_token
+from transformer.model.transformer import PAD_ID, ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,10 +35,19 @@ class Placed:
   data_state: Any
   real_tokens: float  # this process's target tokens that are not padding
   positions: int  # this process's target positions, padding included
-  flops: float  # the step's FLOPs on this batch (train.batch_flops)
+  flops: float  # the step's FLOPs on this batch, all processes' (batch_flops)
 
 
 _END = object()  # the loader ran out
+
+
+def batch_flops(config: ModelConfig, batch: dict[str, np.ndarray]) -> float:
+  """Analytic training FLOPs of this process's share of a batch (model/size.py's count, at the padded
+  shape the device computes), times the processes: the global batch's."""
+  rows, src_len = batch["src"].shape
+  tgt_len = batch["tgt"].shape[1]
+  return (training_flops_per_target_token(config, src_len, tgt_len) * rows * tgt_len
+          * jax.process_count())
 
 
 class DeviceFeed:
@@ -45,8 +55,8 @@ class DeviceFeed:
   use as a context manager (leaving stops the thread; batches read ahead are dropped)."""
 
   def __init__(self, batches: Iterator[tuple[dict[str, np.ndarray], Any]], mesh: jax.sharding.Mesh,
-               flops: Callable[[dict[str, np.ndarray]], float], depth: int = 2):
-    self._batches, self._mesh, self._flops, self.depth = batches, mesh, flops, depth
+               model: ModelConfig, depth: int = 2):
+    self._batches, self._mesh, self._model, self.depth = batches, mesh, model, depth
     self._ready: queue.Queue = queue.Queue(maxsize=max(depth, 1))
     self._stop = threading.Event()
     self._thread = None
@@ -58,7 +68,7 @@ class DeviceFeed:
     batch, data_state = item
     return Placed(batch, partitioning.shard_batch(batch, self._mesh), data_state,
                   real_tokens=float((batch["tgt"] != PAD_ID).sum()), positions=batch["tgt"].size,
-                  flops=self._flops(batch))
+                  flops=batch_flops(self._model, batch))
 
   def _fill(self) -> None:
     """The background thread: place batches until the loader ends, fails or the feed closes."""

@@ -56,8 +56,7 @@ from transformer.errors import UserError
 from transformer.files import writable_directory
 from transformer.hardware import table_peak
 from transformer.metrics import CompileClock, MetricWriter, format_duration
-from transformer.model.size import training_flops_per_target_token
-from transformer.model.transformer import PAD_ID, ModelConfig, Transformer
+from transformer.model.transformer import ModelConfig, Transformer
 from transformer.training import checkpoints, compiled, feed, preemption
 from transformer.training import nonfinite as faults
 from transformer.training.step import (
@@ -98,15 +97,6 @@ def interval_record(step_sums: list[dict[str, np.ndarray]], seconds: float) -> d
           "accuracy": sum(float(s["correct"]) for s in good) / good_tokens,
           "grad_norm": float(np.mean([s["grad_norm"] for s in good])) if good else float("nan"),
           "tokens": tokens, "tokens_per_sec": tokens / seconds}
-
-
-def batch_flops(config: ModelConfig, batch: dict[str, np.ndarray]) -> float:
-  """Analytic training FLOPs of this process's share of a batch (model/size.py's count, at the padded
-  shape the device computes), times the processes: the global batch's."""
-  rows, src_len = batch["src"].shape
-  tgt_len = batch["tgt"].shape[1]
-  return (training_flops_per_target_token(config, src_len, tgt_len) * rows * tgt_len
-          * jax.process_count())
 
 
 def minutes_since(t: float) -> float:
@@ -269,7 +259,7 @@ class _Loop:
                run.cfg.train.steps)
       return self.finish()
     batches = itertools.chain([run.first_batch], run.batches)
-    with feed.DeviceFeed(batches, run.mesh, lambda b: batch_flops(run.model.config, b),
+    with feed.DeviceFeed(batches, run.mesh, run.model.config,
                          depth=run.cfg.train.device_prefetch) as placed:
       return self._steps(placed)
 
