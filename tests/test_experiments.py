@@ -26,7 +26,8 @@ from transformer.metrics import MetricWriter, read_metrics
 from transformer.model import positions
 from transformer.sweeps import records, results, significance, test_sets
 from transformer.sweeps.grids import Grid, Variant, load_grid
-from transformer.sweeps.run import base_arguments, plan, selected, variant_config
+from transformer.sweeps.plan import plan, selected, variant_config
+from transformer.sweeps.run import base_arguments
 
 
 def load_config(path, *args):
@@ -938,14 +939,15 @@ def test_the_wall_time_split_sums_every_training_process_and_the_evaluations(tmp
 
 
 def test_runs_side_by_side_share_the_accelerator_and_one_failure_spares_the_others(tmp_path, monkeypatch):
-  from transformer.sweeps import run as sweep
+  from transformer.sweeps import execute as sweep
+  from transformer.sweeps.plan import Evaluation, Run
   cfg = ml_collections.ConfigDict({"train": {"steps": 6}})
   runs = []
   for name in ("a", "b", "c"):
     workdir = tmp_path / name
     report = workdir / "eval" / "validation_step6.json"
-    runs.append(sweep.Run(Variant(name, {}), 0, workdir, cfg, ["transformer-train", f"--workdir={workdir}"],
-                          {"dev": sweep.Evaluation(report, report, ["transformer-eval", f"--workdir={workdir}"])}))
+    runs.append(Run(Variant(name, {}), 0, workdir, cfg, ["transformer-train", f"--workdir={workdir}"],
+                          {"dev": Evaluation(report, report, ["transformer-eval", f"--workdir={workdir}"])}))
   monkeypatch.setattr(results, "trained_steps", lambda workdir: 0)
   monkeypatch.setattr(results, "recorded_steps", lambda workdir: 0)
   monkeypatch.delenv(sweep.MEMORY_FRACTION, raising=False)
@@ -979,7 +981,7 @@ def test_runs_side_by_side_share_the_accelerator_and_one_failure_spares_the_othe
 
 
 def test_one_run_at_a_time_inherits_the_environment_and_a_set_memory_fraction_is_kept(monkeypatch):
-  from transformer.sweeps import run as sweep
+  from transformer.sweeps import execute as sweep
   monkeypatch.delenv(sweep.MEMORY_FRACTION, raising=False)
   assert sweep.side_by_side_env(1) is None
   assert sweep.side_by_side_env(4)[sweep.MEMORY_FRACTION] == "0.225"

@@ -17,9 +17,11 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import jax
+import numpy as np
 
 from transformer.errors import UserError
 
@@ -82,3 +84,18 @@ def leader_first(name: str, fn: Callable[[], T]) -> T:
     barrier(name)
     result = fn()
   return result
+
+
+def check_shared(path: Path) -> None:
+  """Raises DistributedError in every process if any process of the job cannot see `path`, which
+  process 0 wrote (a workdir on one node's own disk, not on storage the job shares)."""
+  if jax.process_count() == 1:
+    return
+  from jax.experimental import multihost_utils
+  seen = np.asarray(multihost_utils.process_allgather(np.array(path.exists()))).reshape(-1)
+  blind = [str(i) for i, ok in enumerate(seen) if not ok]
+  if blind:
+    raise DistributedError(
+        f"process(es) {', '.join(blind)} of the job cannot see {path}, which process 0 wrote: the "
+        "workdir must be on storage every node of the job shares (a network file system or a "
+        "bucket), not on a node's own disk")

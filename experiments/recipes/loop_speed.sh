@@ -3,9 +3,9 @@
 # batches placed on the devices ahead by the feed's thread (train.device_prefetch=2, the default)
 # and each placed when its step comes (0, the loop as it was), alternating, REPS times each: for a
 # model small enough that the host's work between steps shows on a CPU (1 layer, d_model 32,
-# 64-token batches of rows up to 64 tokens; 300 timed steps) and for the default run's model (100
-# timed steps, once). Writes experiments/results/loop/<cpu>-<date>-<commit>/ (machine.json, one
-# JSON and log a benchmark). Pause anything else on the machine while it runs.
+# 64-token batches of rows up to 64 tokens; 3,000 timed steps, ~15 s) and for the default run's
+# model (100 timed steps, once). Writes experiments/results/loop/<cpu>-<date>-<commit>/
+# (machine.json, one JSON and log a benchmark). Pause anything else on the machine while it runs.
 #   bash experiments/recipes/loop_speed.sh [REPS]
 set -euo pipefail
 REPS=${1:-2}
@@ -33,7 +33,7 @@ bench() {  # NAME DEPTH STEPS [overrides...]
 for rep in $(seq 1 "$REPS"); do
   for depth in 2 0; do
     # shellcheck disable=SC2086
-    bench "tiny_prefetch${depth}_$rep" "$depth" 300 $TINY
+    bench "tiny_prefetch${depth}_$rep" "$depth" 3000 $TINY
   done
 done
 for depth in 2 0; do

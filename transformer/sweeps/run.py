@@ -11,8 +11,9 @@ balanced; `--parallel=N` runs N at a time, for one GPU that several small runs s
 run already uses every core). A run whose last checkpoint reached train.steps is not trained again,
 an interrupted one resumes from its last checkpoint, and an evaluation whose report exists is not
 repeated: re-running the same command picks up where it stopped. `--print_commands` prints one shell
-line per run instead, for a cluster scheduler; once they have finished, the same command without
-it collects the results.
+line per run instead, for a cluster scheduler, and `--print_sbatch` a SLURM job array of them (one
+task per run, each requeueing itself at its time limit: transformer/slurm.py); once they have
+finished, the same command with `--collect_only` collects the results.
 With `--record=DIR` every finished run's results (config, metrics and evaluation reports with their
 translations; not its checkpoints) are also kept in DIR/runs/<variant>/seed<k>/, and a run whose
 results are kept there is restored from them instead of trained again: a grid that takes many
@@ -35,272 +36,26 @@ min_len<N>/): a grid whose runs move between machines without their checkpoints 
 
 from __future__ import annotations
 
-import concurrent.futures
-import dataclasses
 import logging
-import os
-import shlex
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import NamedTuple
 
 import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
+from transformer import slurm
 from transformer.cli import run_program
-from transformer.config import ConfigError, validate
+from transformer.config import validate
 from transformer.data import sources
-from transformer.evaluation import evaluate
-from transformer.metrics import METRICS_FILE, format_duration
 from transformer.sweeps import by_length, consistency, hparams, records, results, test_sets
-from transformer.sweeps.grids import Grid, Variant, load_grid
+from transformer.sweeps.execute import evaluated, keep_results, restore_results, run_all
+from transformer.sweeps.grids import Grid, load_grid
+from transformer.sweeps.plan import Run, command_lines, plan, selected, variant_config, with_extra
 
 FLAGS = flags.FLAGS
 log = logging.getLogger("transformer")
-
-
-class Evaluation(NamedTuple):
-  """One transformer-eval command and the reports it writes: the raw parameters' and, where the run
-  kept a moving average, the average's."""
-  report: Path
-  ema_report: Path
-  command: list[str]
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-  """One training run of the grid and the commands that produce its results."""
-  variant: Variant
-  seed: int
-  workdir: Path
-  config: ml_collections.ConfigDict
-  train: list[str]
-  evals: dict[str, Evaluation]  # test set ('dev', 'long', ...) -> its evaluation
-  # Evaluations for another table (--also_min_len), made while the checkpoints exist; a run
-  # restored without them is finished all the same.
-  extra: tuple[Evaluation, ...] = ()
-
-  @property
-  def label(self) -> str:
-    return f"{self.variant.name} seed {self.seed}"
-
-
-def variant_config(base: ml_collections.ConfigDict, variant: Variant, seed: int
-                   ) -> ml_collections.ConfigDict:
-  """The base config with the variant's overrides and the seed, validated (errors name the variant)."""
-  cfg = ml_collections.ConfigDict(base.to_dict())
-  cfg.lock()  # a misspelt key is an error, not a new key
-  try:
-    cfg.update_from_flattened_dict({**variant.overrides, "seed": seed})
-  except (KeyError, AttributeError) as e:
-    raise ConfigError(f"variant {variant.name}: unknown config key {e}; every key is listed in "
-                      "transformer/config.py") from None
-  try:
-    return validate(cfg)
-  except ConfigError as e:
-    raise ConfigError(f"variant {variant.name}: {e}") from None
-
-
-def flag_value(value) -> str:
-  """A config value as ml_collections parses it from --config.KEY=VALUE."""
-  return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def evaluation(workdir: Path, step: int, test_set: str, args: list[str], min_len: int = 0
-               ) -> Evaluation:
-  """transformer-eval of the run's step on one test set (its flags in `args`) and its reports
-  (`min_len`: the minimum output length the search will use, which names them)."""
-  return Evaluation(evaluate.report_path(workdir, test_set, step, min_len=min_len),
-                    evaluate.report_path(workdir, test_set, step, ema=True, min_len=min_len),
-                    ["transformer-eval", f"--workdir={workdir}", f"--step={step}", *args])
-
-
-def plan(grid: Grid, base: ml_collections.ConfigDict, base_args: list[str], seeds: list[int],
-         root: Path, test_set_files: dict[str, dict], min_len: int | None = None) -> list[Run]:
-  """Every run of the grid, seed-major, with its workdir and commands; `min_len` (None: the
-  config's) is passed to every evaluation."""
-  runs = []
-  for seed in seeds:
-    for variant in grid.variants:
-      cfg = variant_config(base, variant, seed)
-      workdir = root / variant.name / f"seed{seed}"
-      overrides = [f"--config.{k}={flag_value(v)}" for k, v in variant.overrides.items()]
-      train = ["transformer-train", *base_args, *overrides, f"--config.seed={seed}",
-               f"--workdir={workdir}"]
-      step = cfg.train.steps
-      split = cfg.data.eval_split
-      search = [] if min_len is None else [f"--min_len={min_len}"]
-      shortest = cfg.decode.min_len if min_len is None else min_len
-      evals = {"dev": evaluation(workdir, step, split, [f"--split={split}", *search], shortest)}
-      for name, files in test_set_files.items():
-        evals[name] = evaluation(workdir, step, evaluate.test_set_name(None, files["source_file"]),
-                                 [f"--source_file={files['source_file']}",
-                                  f"--reference_file={files['reference_file']}", *search],
-                                 shortest)
-      runs.append(Run(variant, seed, workdir, cfg, train, evals))
-  return runs
-
-
-def selected(runs: list[Run], grid: Grid, names: list[str] | None) -> list[Run]:
-  """The runs of the variants `names` (None: all) and always of the grid's first row, whose same
-  seed every 'Δ vs' pairs with: e.g. a third seed for the variants two seeds left unsettled."""
-  if not names:
-    return runs
-  known = [v.name for v in grid.variants]
-  unknown = [n for n in names if n not in known]
-  if unknown:
-    raise ConfigError(f"--only: no variant {', '.join(unknown)} in grid {grid.name}; its variants "
-                      f"are {', '.join(known)}")
-  wanted = {known[0], *names}
-  return [run for run in runs if run.variant.name in wanted]
-
-
-def with_extra(runs: list[Run], other: list[Run]) -> list[Run]:
-  """`runs`, each also given the evaluations of its run in `other` (the same grid planned with
-  another search) as extra ones."""
-  extra = {(run.variant.name, run.seed): tuple(run.evals.values()) for run in other}
-  return [dataclasses.replace(run, extra=extra[run.variant.name, run.seed]) for run in runs]
-
-
-# A finished run's results without its checkpoints (kilobytes, not gigabytes): what collecting the
-# tables reads from a workdir.
-KEPT_FILES = ("config.json", METRICS_FILE, "eval/*.json", "eval/*.hyp.txt")
-
-
-def missing(run: Run) -> list[str]:
-  """The names of the run's evaluation reports that do not exist yet."""
-  return [e.report.name for e in run.evals.values() if not e.report.is_file()]
-
-
-def evaluated(run: Run) -> bool:
-  """Whether every evaluation report of the run exists (its checkpoints may be gone)."""
-  return not missing(run)
-
-
-def kept_folder(run: Run, record: Path) -> Path:
-  return record / "runs" / run.variant.name / f"seed{run.seed}"
-
-
-def keep_results(run: Run, record: Path) -> None:
-  """Copies the run's KEPT_FILES into the record, where a fresh checkout finds them."""
-  for pattern in KEPT_FILES:
-    for path in run.workdir.glob(pattern):
-      target = kept_folder(run, record) / path.relative_to(run.workdir)
-      target.parent.mkdir(parents=True, exist_ok=True)
-      shutil.copy2(path, target)
-
-
-def restore_results(runs: list[Run], record: Path) -> int:
-  """Copies kept results back into the workdir of every run not evaluated there (replacing what
-  an unfinished attempt left); returns how many runs are evaluated thanks to them."""
-  restored = 0
-  for run in runs:
-    kept = kept_folder(run, record)
-    if evaluated(run) or not kept.is_dir():
-      continue
-    for path in kept.rglob("*"):
-      if path.is_file():
-        target = run.workdir / path.relative_to(kept)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, target)
-    restored += evaluated(run)
-  return restored
-
-
-# The console scripts the printed commands use, and the modules this Python runs for them (the same
-# programs, without depending on where pip put the scripts).
-PROGRAMS = {"transformer-train": "transformer.training.train", "transformer-eval": "transformer.evaluation.evaluate"}
-
-
-def execute(command: list[str], log_file: Path, env: dict[str, str] | None = None) -> int:
-  """Runs one command with its output appended to `log_file` (`env`: the environment, None = this
-  process's); returns the exit status."""
-  log_file.parent.mkdir(parents=True, exist_ok=True)
-  with log_file.open("a") as out:
-    out.write(f"$ {shlex.join(command)}\n")
-    out.flush()
-    argv = [sys.executable, "-m", PROGRAMS[command[0]], *command[1:]]
-    return subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, check=False).returncode
-
-
-# What JAX on a GPU takes by default (75% of its memory) leaves nothing for a second process: runs
-# side by side share it out, leaving a tenth for the driver and XLA's autotuning.
-MEMORY_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"
-
-
-def side_by_side_env(parallel: int) -> dict[str, str] | None:
-  """The environment of runs trained `parallel` at a time: None (this process's) for one at a
-  time, else each given 0.9 / parallel of an accelerator's memory, unless the caller set it."""
-  if parallel == 1 or MEMORY_FRACTION in os.environ:
-    return None
-  return {**os.environ, MEMORY_FRACTION: f"{0.9 / parallel:.3f}"}
-
-
-def run_all(runs: list[Run], record: Path | None = None, parallel: int = 1) -> list[str]:
-  """Trains and evaluates what is not done yet, `parallel` runs at a time, keeping each finished
-  run's results in `record` (if given); returns one line per failed run."""
-  env = side_by_side_env(parallel)
-  jobs = [(f"[{i}/{len(runs)}] {run.label}", run) for i, run in enumerate(runs, 1)]
-  with concurrent.futures.ThreadPoolExecutor(parallel) as pool:  # 1: in order, one at a time
-    outcomes = list(pool.map(lambda job: run_one(*job, record, env), jobs))
-  return [failure for failure in outcomes if failure]
-
-
-def run_one(prefix: str, run: Run, record: Path | None, env: dict[str, str] | None) -> str | None:
-  """Trains and evaluates one run as far as it is not done; returns why it failed, or None."""
-  done = results.trained_steps(run.workdir)
-  todo = [e for e in (*run.evals.values(), *run.extra) if not e.report.is_file()]
-  if evaluated(run) and (not todo or done < run.config.train.steps):
-    if todo:
-      log.warning("%s: no checkpoint of its last step here (results restored from a record), "
-                  "so not scored for --also_min_len (%s); that table will lack it", prefix,
-                  ", ".join(e.report.name for e in todo))
-    else:
-      log.info("%s: evaluated already, skipping training and evaluation", prefix)
-    if record:
-      keep_results(run, record)
-    return None
-  if done < run.config.train.steps <= results.recorded_steps(run.workdir):
-    return failed(f"{run.label}: its results were restored from the record without checkpoints, "
-                  f"so it cannot be evaluated again ({', '.join(missing(run))}); evaluate it on "
-                  f"the machine that trained it, or delete {run.workdir} to train it again")
-  if done >= run.config.train.steps:
-    log.info("%s: trained (step %d), skipping training", prefix, done)
-  else:
-    what = f"resuming from step {done}" if done else "training"
-    log.info("%s: %s to step %d (log: %s)", prefix, what, run.config.train.steps,
-             run.workdir / "train.log")
-    t = time.time()
-    status = execute(run.train, run.workdir / "train.log", env)
-    if status != 0:
-      return failed(f"{run.label}: transformer-train exited with {status}; see "
-                    f"{run.workdir / 'train.log'}")
-    log.info("%s: trained in %s", prefix, format_duration(time.time() - t))
-  for report, _, command in todo:
-    log.info("%s: evaluating -> %s", prefix, report.name)
-    status = execute(command, run.workdir / "eval.log", env)
-    if status != 0:
-      return failed(f"{run.label}: {shlex.join(command)} exited with {status}; see "
-                    f"{run.workdir / 'eval.log'}")
-  if record:
-    keep_results(run, record)
-  return None
-
-
-def failed(why: str) -> str:
-  """Logs a run's failure as it happens (runs side by side finish in any order) and returns it."""
-  log.error("%s", why)
-  return why
-
-
-def command_lines(runs: list[Run]) -> list[str]:
-  """One shell line per run: its training, then its evaluations."""
-  return [" && ".join(shlex.join(c) for c in [run.train] + [e.command for e in run.evals.values()])
-          for run in runs]
 
 
 def tables_folder(root: Path, min_len: int | None) -> Path:
@@ -377,6 +132,16 @@ def main(argv: list[str]) -> None:
     runs = plan(grid, base, base_arguments(sys.argv), seeds, root, files, FLAGS.min_len)
     print("\n".join(command_lines(selected(runs, grid, FLAGS.only))))
     return
+  if FLAGS.print_sbatch:  # a job array, one task per run; the test sets built first, here
+    slurm.check_mesh(base, slurm.options(FLAGS.sbatch))
+    consistency.writable(root, None)
+    files = {name: test_sets.build(name, base, seeds[0], root / "test_sets")
+             for name in grid.test_sets}
+    runs = plan(grid, base, base_arguments(sys.argv), seeds, root,
+                {**files, **held_out}, FLAGS.min_len)
+    print(slurm.script(grid.name, command_lines(selected(runs, grid, FLAGS.only), slurm.srun),
+                       FLAGS.sbatch), end="")
+    return
   consistency.writable(root, FLAGS.record)
   files = {name: test_sets.build(name, base, seeds[0], root / "test_sets")
            for name in grid.test_sets}
@@ -428,6 +193,7 @@ def run() -> None:
                        "faster than one using every core.")
   flags.DEFINE_bool("print_commands", False, "Print one shell line per run (train, then evaluate) "
                     "for a scheduler, and exit.")
+  slurm.define_flags()
   flags.DEFINE_bool("collect_only", False, "Only tabulate and plot the runs found in the folder.")
   flags.DEFINE_list("only", None, "Train and evaluate only these variants (and the first row, "
                     "which 'Δ vs' pairs with), e.g. --seeds=3 --only=A-h8 for a third seed where "

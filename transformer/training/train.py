@@ -4,15 +4,13 @@ validation BLEU, checkpoints and exact resumption.
     transformer-train --config=configs/multi30k.py --workdir=runs/m30k
     transformer-train --config=configs/wmt14_ende.py:base --workdir=runs/base --config.train.steps=1000
 
-Training's loop around the step (step.py): data, validation, logging, checkpoints, signals.
-
-The train step (step.py) is compiled once per batch shape on a (data, fsdp, tensor) mesh of all devices of all
-processes, the state laid out by partitioning.py's rules (replicated in plain data parallelism) and
-the batch rows split over the data-parallel axes. The loop logs a progress line every
-`train.log_every` steps, computes validation loss/accuracy/perplexity every `train.eval_every` steps
-(teacher-forced, cheap; BLEU is the separate evaluation program's job), saves Orbax checkpoints
-asynchronously every `train.checkpoint_every` steps and, if `train.checkpoint_minutes` is set, at
-the first progress line after that many minutes (the paper's 10-minute cadence), and resumes from the
+The loop around the train step (step.py), which is compiled for every batch shape (compiled.py) on a
+(data, fsdp, tensor) mesh of all devices of all processes, the state laid out by partitioning.py's
+rules and the batch rows split over the data-parallel axes (feed.py places them ahead). The loop
+logs a progress line every `train.log_every` steps, computes validation loss, accuracy, perplexity
+every `train.eval_every` steps (teacher-forced, cheap; BLEU is the separate evaluation program's
+job), saves Orbax checkpoints asynchronously every `train.checkpoint_every` steps and, if
+`train.checkpoint_minutes` is set, at the first progress line after that many minutes, and resumes from the
 latest readable one when restarted: same parameters, Adam state, step, dropout keys (a function of
 seed and step) and input position, so an interrupted run ends bit-identical to an uninterrupted one.
 
@@ -41,7 +39,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import hardware, partitioning, progress, version
+from transformer import hardware, partitioning, progress, slurm, version
 from transformer.cli import (
   define_distributed_flags,
   define_progress_flag,
@@ -51,7 +49,7 @@ from transformer.cli import (
 from transformer.config import validate
 from transformer.data import pipeline
 from transformer.data import vocab as vocab_lib
-from transformer.distributed import leader_first
+from transformer.distributed import check_shared, leader_first
 from transformer.errors import UserError
 from transformer.files import writable_directory
 from transformer.hardware import table_peak
@@ -202,6 +200,7 @@ def _write_and_train(run: Run, changed: list[str]) -> dict[str, Any]:
                 "kept as config.until_step%d.json", workdir, ", ".join(changed), start)
   leader_first("run config", lambda: checkpoints.write_run_config(
       workdir, cfg, previous_step=start if changed else None))
+  check_shared(workdir / checkpoints.CONFIG_FILE)  # every process sees what process 0 wrote
   if run.broken_after is not None:
     with contextlib.closing(checkpoints.manager(workdir, read_only=True)) as reader:
       moved = leader_first("broken checkpoints",
@@ -420,6 +419,9 @@ def _stop_at_nonfinite(run: Run, mngr, state: TrainState, bad: faults.StepRecord
 def main(argv: list[str]) -> None:
   if FLAGS.config is None or FLAGS.workdir is None:
     raise app.UsageError("pass --config=configs/multi30k.py (or another config) and --workdir=DIR")
+  if FLAGS.print_sbatch:
+    print(slurm.train_script(validate(FLAGS.config), sys.argv, FLAGS.sbatch, FLAGS.workdir), end="")
+    return
   try:
     initialize_distributed()
     progress.configure(FLAGS.progress)
@@ -440,6 +442,7 @@ def run() -> None:
                     "config.json is kept as config.until_step<N>.json.")
   define_distributed_flags()
   define_progress_flag()
+  slurm.define_flags()
   run_program("transformer-train", main)
 
 

@@ -1,0 +1,183 @@
+"""Training under a real SLURM (tests/slurm_cluster.py starts one on this machine): the batch script
+transformer-train --print_sbatch writes checkpoints at its time limit's warning and at a preemption,
+requeues itself and ends bit-identical to an uninterrupted run; a cancelled job loses nothing past
+its checkpoint; a wrong config fails once, unrequeued; srun -n2 trains one job of two processes;
+a grid runs as a job array. The scheduler's behaviour on one machine, not multi-node speed."""
+
+import json
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from helpers import REPO, cli_overrides, run_cli, tiny_run_config
+from slurm_cluster import INSTALL, Cluster, missing
+
+from transformer.training.workdir import load_run
+
+pytestmark = pytest.mark.skipif(bool(missing()), reason=f"needs SLURM and munge, run as root "
+                                f"({INSTALL}); missing: {', '.join(missing())}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+  running = Cluster(tmp_path_factory.mktemp("slurm")).start()
+  yield running
+  running.stop()
+
+
+def train_flags(cfg, workdir, **changes):
+  return [f"--config={REPO / 'configs' / 'multi30k.py'}", *cli_overrides(cfg, **changes),
+          f"--workdir={workdir}"]
+
+
+def submit(cluster, tmp, train_args, sbatch):
+  """transformer-train --print_sbatch as a user runs it, the script submitted; returns the job id
+  and its log file."""
+  printed = run_cli("transformer.training.train", *train_args, "--print_sbatch",
+                    f"--sbatch={sbatch} --output={tmp}/slurm-%j.out --chdir={tmp}")
+  assert printed.returncode == 0, printed.stderr
+  script = tmp / f"job{time.monotonic_ns()}.sbatch"
+  script.write_text(printed.stdout)
+  job = cluster.sbatch(script)
+  return job, tmp / f"slurm-{job}.out"
+
+
+def params_equal(a, b):
+  for x, y in zip(jax.tree.leaves(load_run(a).raw_params), jax.tree.leaves(load_run(b).raw_params)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_a_wrong_config_fails_once_with_its_line_and_is_not_requeued(cluster, tmp_path):
+  cfg = tiny_run_config(tmp_path)
+  job, log = submit(cluster, tmp_path, train_flags(cfg, tmp_path / "run", **{"train.warmup_steps": -1}),
+                    "--time=5")
+  state = cluster.wait(job, 120)
+  text = log.read_text()
+  assert state["JobState"] == "FAILED" and state["Restarts"] == "0", state
+  assert state["ExitCode"].startswith("2:"), state
+  assert "transformer-train: error: config.train.warmup_steps must be a non-negative integer" in text
+  assert "Traceback" not in text and "requeueing" not in text
+  assert text.count("transformer: job") == 2  # its start and its end, once
+
+
+def test_a_requeue_into_a_workdir_of_another_config_fails_once(cluster, tmp_path):
+  cfg = tiny_run_config(tmp_path)
+  run = tmp_path / "run"
+  (run).mkdir()
+  (run / "config.json").write_text(json.dumps(json.loads(cfg.to_json_best_effort())))
+  job, log = submit(cluster, tmp_path, train_flags(cfg, run, **{"model.d_model": 64}), "--time=5")
+  state = cluster.wait(job, 120)
+  assert state["JobState"] == "FAILED" and state["Restarts"] == "0", state
+  text = log.read_text()
+  assert "transformer-train: error:" in text and "model.d_model: 32 -> 64" in text, text
+  assert "Traceback" not in text and "requeueing" not in text
+
+
+def test_sbatch_options_the_config_cannot_use_are_refused_before_a_script_is_printed(tmp_path):
+  cfg = tiny_run_config(tmp_path)
+  for sbatch, words in [("--nodes=2 --gpus-per-node=3 --time=1:00:00",
+                         "asks for 6 GPU(s) (2 node(s) x 3), which the config cannot use"),
+                        ("--signal=B:TERM@60", "not B:, which signals the batch shell only"),
+                        ("--no-requeue", "--no-requeue forbids the requeue"),
+                        ("-N 2", "is not a long sbatch option")]:
+    args = train_flags(cfg, tmp_path / "run", **{"mesh.data": 2, "mesh.fsdp": 2})
+    printed = run_cli("transformer.training.train", *args, "--print_sbatch", f"--sbatch={sbatch}")
+    assert printed.returncode == 2 and printed.stdout == "", (sbatch, printed.stderr)
+    assert words in printed.stderr and "Traceback" not in printed.stderr, printed.stderr
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_job_at_its_time_limit_checkpoints_requeues_and_finishes_bit_identical(cluster, tmp_path):
+  # Long enough that SLURM's warning (up to a minute early: its time resolution) comes mid-run.
+  cfg = tiny_run_config(tmp_path)
+  changes = {"train.steps": 2400, "train.log_every": 100, "train.eval_every": 100000,
+             "train.checkpoint_every": 100000, "train.checkpoint_minutes": 0.0}
+  job, log = submit(cluster, tmp_path, train_flags(cfg, tmp_path / "run", **changes),
+                    "--time=2 --signal=TERM@45")
+  reference = run_cli("transformer.training.train", *train_flags(cfg, tmp_path / "ref", **changes))
+  assert reference.returncode == 0, reference.stderr
+  state = cluster.wait(job, 900)
+  text = log.read_text()
+  assert state["JobState"] == "COMPLETED" and int(state["Restarts"]) >= 1, (state, text)
+  assert "stopped by SIGTERM after step" in text and "requeueing job" in text, text
+  params_equal(tmp_path / "run", tmp_path / "ref")
+
+
+@pytest.mark.slow
+def test_a_preempted_job_requeues_and_a_cancelled_one_resumes_when_submitted_again(cluster, tmp_path):
+  cfg = tiny_run_config(tmp_path)
+  changes = {"train.steps": 1200, "train.log_every": 50, "train.checkpoint_every": 100}
+  run = tmp_path / "run"
+  job, log = submit(cluster, tmp_path, train_flags(cfg, run, **changes), "--time=30")
+  reference = run_cli("transformer.training.train", *train_flags(cfg, tmp_path / "ref", **changes))
+  assert reference.returncode == 0, reference.stderr
+  metrics = run / "metrics.jsonl"
+
+  def steps_logged():
+    return [json.loads(line)["step"] for line in metrics.read_text().splitlines()
+            if '"train"' in line] if metrics.exists() else []
+
+  deadline = time.monotonic() + 300
+  while len(steps_logged()) < 2 and time.monotonic() < deadline:
+    time.sleep(0.5)
+  cluster.run("scancel", "--signal=TERM", job)  # a preemption notice: the job requeues itself
+  deadline = time.monotonic() + 300
+  while cluster.job(job).get("Restarts") in (None, "0") and time.monotonic() < deadline:
+    time.sleep(0.5)
+  while (len(steps_logged()) < 2 + 3 and time.monotonic() < deadline):  # past its resumption
+    time.sleep(0.5)
+  cluster.run("scancel", job)  # the user cancels it: no requeue, the checkpoint stays
+  state = cluster.wait(job, 300)
+  text = log.read_text()
+  assert state["JobState"] == "CANCELLED", (state, text)
+  assert text.count("requeueing job") == 1 and text.count("stopped by SIGTERM after step") == 2
+  interrupted = [json.loads(line) for line in metrics.read_text().splitlines()
+                 if '"interrupted"' in line]
+  assert len(interrupted) == 2 and interrupted[-1]["step"] < 1200
+  assert interrupted[-1]["step"] in load_run(run).steps  # nothing lost past its checkpoint
+  again, again_log = submit(cluster, tmp_path, train_flags(cfg, run, **changes), "--time=30")
+  assert cluster.wait(again, 600)["JobState"] == "COMPLETED", again_log.read_text()
+  assert f"Resumed from the checkpoint at step {interrupted[-1]['step']}" in again_log.read_text()
+  params_equal(run, tmp_path / "ref")
+
+
+@pytest.mark.slow
+def test_srun_trains_one_job_of_two_processes_like_one_process_with_two_devices(cluster, tmp_path):
+  cfg = tiny_run_config(tmp_path)
+  args = train_flags(cfg, tmp_path / "srun")
+  out = cluster.run("srun", "-n2", "--time=10", sys.executable, "-m", "transformer.training.train",
+                    *args, timeout=600, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  one = run_cli("transformer.training.train", *train_flags(cfg, tmp_path / "one"), devices=2)
+  assert one.returncode == 0, one.stderr
+  for x, y in zip(jax.tree.leaves(load_run(tmp_path / "srun").raw_params),
+                  jax.tree.leaves(load_run(tmp_path / "one").raw_params)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_grid_runs_as_a_job_array_and_its_tables_collect(cluster, tmp_path):
+  cfg = tiny_run_config(tmp_path)
+  grid = tmp_path / "grid.py"
+  grid.write_text("from transformer.sweeps.grids import Grid, Variant\n"
+                  "GRID = Grid('pair', [Variant('base', {}), Variant('wide', "
+                  "{'model.d_ff': 128})])\n")
+  base = [f"--base={REPO / 'configs' / 'multi30k.py'}",
+          *(a.replace("--config.", "--base.") for a in cli_overrides(cfg)),
+          f"--root={tmp_path / 'grid'}", "--seeds=1"]
+  printed = run_cli("transformer.sweeps.run", str(grid), *base, "--print_sbatch",
+                    f"--sbatch=--time=10 --output={tmp_path}/slurm-%A_%a.out --chdir={tmp_path}")
+  assert printed.returncode == 0, printed.stderr
+  assert "#SBATCH --array=0-1" in printed.stdout
+  script = tmp_path / "grid.sbatch"
+  script.write_text(printed.stdout)
+  job = cluster.sbatch(script)
+  for task in (0, 1):
+    assert cluster.wait(f"{job}_{task}", 900)["JobState"] == "COMPLETED", cluster.logs()
+  collected = run_cli("transformer.sweeps.run", str(grid), *base, "--collect_only")
+  assert collected.returncode == 0, collected.stderr
+  table = (tmp_path / "grid" / "results.md").read_text()
+  assert "| base |" in table and "| wide |" in table, table

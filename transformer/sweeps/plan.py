@@ -1,0 +1,126 @@
+"""A grid's plan: every run (variant x seed) with its workdir, its config and the commands that
+train and evaluate it, and the command lines a scheduler runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import ml_collections
+
+from transformer.config import ConfigError, validate
+from transformer.evaluation import evaluate
+from transformer.sweeps.grids import Grid, Variant
+
+
+class Evaluation(NamedTuple):
+  """One transformer-eval command and the reports it writes: the raw parameters' and, where the run
+  kept a moving average, the average's."""
+  report: Path
+  ema_report: Path
+  command: list[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One training run of the grid and the commands that produce its results."""
+  variant: Variant
+  seed: int
+  workdir: Path
+  config: ml_collections.ConfigDict
+  train: list[str]
+  evals: dict[str, Evaluation]  # test set ('dev', 'long', ...) -> its evaluation
+  # Evaluations for another table (--also_min_len), made while the checkpoints exist; a run
+  # restored without them is finished all the same.
+  extra: tuple[Evaluation, ...] = ()
+
+  @property
+  def label(self) -> str:
+    return f"{self.variant.name} seed {self.seed}"
+
+
+def variant_config(base: ml_collections.ConfigDict, variant: Variant, seed: int
+                   ) -> ml_collections.ConfigDict:
+  """The base config with the variant's overrides and the seed, validated (errors name the variant)."""
+  cfg = ml_collections.ConfigDict(base.to_dict())
+  cfg.lock()  # a misspelt key is an error, not a new key
+  try:
+    cfg.update_from_flattened_dict({**variant.overrides, "seed": seed})
+  except (KeyError, AttributeError) as e:
+    raise ConfigError(f"variant {variant.name}: unknown config key {e}; every key is listed in "
+                      "transformer/config.py") from None
+  try:
+    return validate(cfg)
+  except ConfigError as e:
+    raise ConfigError(f"variant {variant.name}: {e}") from None
+
+
+def flag_value(value) -> str:
+  """A config value as ml_collections parses it from --config.KEY=VALUE."""
+  return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def evaluation(workdir: Path, step: int, test_set: str, args: list[str], min_len: int = 0
+               ) -> Evaluation:
+  """transformer-eval of the run's step on one test set (its flags in `args`) and its reports
+  (`min_len`: the minimum output length the search will use, which names them)."""
+  return Evaluation(evaluate.report_path(workdir, test_set, step, min_len=min_len),
+                    evaluate.report_path(workdir, test_set, step, ema=True, min_len=min_len),
+                    ["transformer-eval", f"--workdir={workdir}", f"--step={step}", *args])
+
+
+def plan(grid: Grid, base: ml_collections.ConfigDict, base_args: list[str], seeds: list[int],
+         root: Path, test_set_files: dict[str, dict], min_len: int | None = None) -> list[Run]:
+  """Every run of the grid, seed-major, with its workdir and commands; `min_len` (None: the
+  config's) is passed to every evaluation."""
+  runs = []
+  for seed in seeds:
+    for variant in grid.variants:
+      cfg = variant_config(base, variant, seed)
+      workdir = root / variant.name / f"seed{seed}"
+      overrides = [f"--config.{k}={flag_value(v)}" for k, v in variant.overrides.items()]
+      train = ["transformer-train", *base_args, *overrides, f"--config.seed={seed}",
+               f"--workdir={workdir}"]
+      step = cfg.train.steps
+      split = cfg.data.eval_split
+      search = [] if min_len is None else [f"--min_len={min_len}"]
+      shortest = cfg.decode.min_len if min_len is None else min_len
+      evals = {"dev": evaluation(workdir, step, split, [f"--split={split}", *search], shortest)}
+      for name, files in test_set_files.items():
+        evals[name] = evaluation(workdir, step, evaluate.test_set_name(None, files["source_file"]),
+                                 [f"--source_file={files['source_file']}",
+                                  f"--reference_file={files['reference_file']}", *search],
+                                 shortest)
+      runs.append(Run(variant, seed, workdir, cfg, train, evals))
+  return runs
+
+
+def selected(runs: list[Run], grid: Grid, names: list[str] | None) -> list[Run]:
+  """The runs of the variants `names` (None: all) and always of the grid's first row, whose same
+  seed every 'Δ vs' pairs with: e.g. a third seed for the variants two seeds left unsettled."""
+  if not names:
+    return runs
+  known = [v.name for v in grid.variants]
+  unknown = [n for n in names if n not in known]
+  if unknown:
+    raise ConfigError(f"--only: no variant {', '.join(unknown)} in grid {grid.name}; its variants "
+                      f"are {', '.join(known)}")
+  wanted = {known[0], *names}
+  return [run for run in runs if run.variant.name in wanted]
+
+
+def with_extra(runs: list[Run], other: list[Run]) -> list[Run]:
+  """`runs`, each also given the evaluations of its run in `other` (the same grid planned with
+  another search) as extra ones."""
+  extra = {(run.variant.name, run.seed): tuple(run.evals.values()) for run in other}
+  return [dataclasses.replace(run, extra=extra[run.variant.name, run.seed]) for run in runs]
+
+
+def command_lines(runs: list[Run], line: Callable[[list[str]], str] = shlex.join) -> list[str]:
+  """One shell line per run: its training, then its evaluations (each command made a shell line
+  by `line`, e.g. slurm.srun)."""
+  return [" && ".join(line(c) for c in [run.train] + [e.command for e in run.evals.values()])
+          for run in runs]
