@@ -638,13 +638,10 @@ def start_times() -> str:
 
 @table("compile-ahead")
 def compile_ahead() -> str:
-  """docs/performance.md: the default run's start with the steps compiled ahead and when met, and
-  the loop beside the step alone (bash experiments/recipes/compile_ahead.sh; transformer-benchmark
-  --loop)."""
+  """docs/performance.md: the default run's start with the steps compiled ahead and when met
+  (bash experiments/recipes/compile_ahead.sh)."""
   lines = ["| record | machine | steps compiled | runs | launch to first step | launch to step 60 "
            "(the run) | programs compiled before the loop / in it |", "|---|---|---|---|---|---|---|"]
-  loops = ["| record | machine | model | target tokens / step | the loop | the step alone | "
-           "loop / step |", "|---|---|---|---|---|---|---|"]
   for folder in sorted((RESULTS / "compile_ahead").glob("*/")):
     machine = json.loads((folder / "machine.json").read_text())
     name = f"`compile_ahead/{folder.name}` | {machine['cores']}-core {machine['cpu']}"
@@ -656,13 +653,30 @@ def compile_ahead() -> str:
         lines.append(f"| {name} | {how} | {len(runs)} | {' / '.join(f'{x:.0f} s' for x in first)} "
                      f"| {' / '.join(f'{x:.0f} s' for x in wall)} | {runs[0]['shapes_compiled']} / "
                      f"{runs[0]['compiled_in_loop']} |")
-    for path, model, tokens in (("loop_tiny_256.json", "1 layer, d_model 32", "256"),
-                                ("loop_default.json", "the default (2 + 2 layers, 256)", "2,048")):
-      if (folder / path).is_file():
-        r = json.loads((folder / path).read_text())
-        loops.append(f"| {name} | {model} | {tokens} | {r['loop_target_tokens_per_sec']:,.0f}/s | "
-                     f"{r['step_target_tokens_per_sec']:,.0f}/s | {r['loop_over_step']:.2f} |")
-  return "\n".join(lines) + "\n\n" + "\n".join(loops)
+  return "\n".join(lines)
+
+
+@table("loop-speed")
+def loop_speed() -> str:
+  """docs/performance.md: the training loop beside its step alone, batches placed ahead and not
+  (bash experiments/recipes/loop_speed.sh); one value a repeat, in the order run."""
+  lines = ["| record | machine | model | batches placed | repeats | the loop (target tokens/s) | "
+           "the step alone | loop / step |", "|---|---|---|---|---|---|---|---|"]
+  for folder in sorted((RESULTS / "loop").glob("*/")):
+    machine = json.loads((folder / "machine.json").read_text())
+    name = f"`loop/{folder.name}` | {machine['cores']}-core {machine['cpu']}"
+    for model, label in (("tiny", "1 layer, d_model 32, 64 tokens a step"),
+                         ("default", "the default (2 + 2 layers, 256; 2,048 tokens)")):
+      for depth, how in (("2", "2 ahead (thread)"), ("0", "when its step comes")):
+        runs = [json.loads(f.read_text())
+                for f in sorted(folder.glob(f"{model}_prefetch{depth}_*.json"))]
+        if runs:
+          cells = [" / ".join(format(r[key], form) for r in runs)
+                   for key, form in (("loop_target_tokens_per_sec", ",.0f"),
+                                     ("step_target_tokens_per_sec", ",.0f"),
+                                     ("loop_over_step", ".2f"))]
+          lines.append(f"| {name} | {label} | {how} | {len(runs)} | {' | '.join(cells)} |")
+  return "\n".join(lines)
 
 
 @table("quality-per-minute")

@@ -50,14 +50,14 @@ def params_equal(a, b):
 
 
 def test_a_wrong_config_fails_once_with_its_line_and_is_not_requeued(cluster, tmp_path):
-  cfg = tiny_run_config(tmp_path)
-  job, log = submit(cluster, tmp_path, train_flags(cfg, tmp_path / "run", **{"train.warmup_steps": -1}),
-                    "--time=5")
+  cfg = tiny_run_config(tmp_path)  # valid when printed; its data file is gone when the job starts
+  (tmp_path / "train.de").rename(tmp_path / "moved.de")
+  job, log = submit(cluster, tmp_path, train_flags(cfg, tmp_path / "run"), "--time=5")
   state = cluster.wait(job, 120)
   text = log.read_text()
   assert state["JobState"] == "FAILED" and state["Restarts"] == "0", state
   assert state["ExitCode"].startswith("2:"), state
-  assert "transformer-train: error: config.train.warmup_steps must be a non-negative integer" in text
+  assert "transformer-train: error: " in text and str(tmp_path / "train.de") in text, text
   assert "Traceback" not in text and "requeueing" not in text
   assert text.count("transformer: job") == 2  # its start and its end, once
 
@@ -86,6 +86,10 @@ def test_sbatch_options_the_config_cannot_use_are_refused_before_a_script_is_pri
     printed = run_cli("transformer.training.train", *args, "--print_sbatch", f"--sbatch={sbatch}")
     assert printed.returncode == 2 and printed.stdout == "", (sbatch, printed.stderr)
     assert words in printed.stderr and "Traceback" not in printed.stderr, printed.stderr
+  broken = run_cli("transformer.training.train", *train_flags(cfg, tmp_path / "run", **{
+      "train.warmup_steps": -1}), "--print_sbatch")
+  assert broken.returncode == 2 and broken.stdout == ""
+  assert "config.train.warmup_steps must be a positive integer, got -1" in broken.stderr
   assert not (tmp_path / "run").exists()
 
 
@@ -109,11 +113,10 @@ def test_a_job_at_its_time_limit_checkpoints_requeues_and_finishes_bit_identical
 @pytest.mark.slow
 def test_a_preempted_job_requeues_and_a_cancelled_one_resumes_when_submitted_again(cluster, tmp_path):
   cfg = tiny_run_config(tmp_path)
-  changes = {"train.steps": 1200, "train.log_every": 50, "train.checkpoint_every": 100}
+  changes = {"train.steps": 4000, "train.log_every": 50, "train.checkpoint_every": 100,
+             "train.eval_every": 100000}
   run = tmp_path / "run"
   job, log = submit(cluster, tmp_path, train_flags(cfg, run, **changes), "--time=30")
-  reference = run_cli("transformer.training.train", *train_flags(cfg, tmp_path / "ref", **changes))
-  assert reference.returncode == 0, reference.stderr
   metrics = run / "metrics.jsonl"
 
   def steps_logged():
@@ -136,11 +139,13 @@ def test_a_preempted_job_requeues_and_a_cancelled_one_resumes_when_submitted_aga
   assert text.count("requeueing job") == 1 and text.count("stopped by SIGTERM after step") == 2
   interrupted = [json.loads(line) for line in metrics.read_text().splitlines()
                  if '"interrupted"' in line]
-  assert len(interrupted) == 2 and interrupted[-1]["step"] < 1200
+  assert len(interrupted) == 2 and interrupted[-1]["step"] < 4000
   assert interrupted[-1]["step"] in load_run(run).steps  # nothing lost past its checkpoint
   again, again_log = submit(cluster, tmp_path, train_flags(cfg, run, **changes), "--time=30")
   assert cluster.wait(again, 600)["JobState"] == "COMPLETED", again_log.read_text()
   assert f"Resumed from the checkpoint at step {interrupted[-1]['step']}" in again_log.read_text()
+  reference = run_cli("transformer.training.train", *train_flags(cfg, tmp_path / "ref", **changes))
+  assert reference.returncode == 0, reference.stderr
   params_equal(run, tmp_path / "ref")
 
 
@@ -163,7 +168,8 @@ def test_a_grid_runs_as_a_job_array_and_its_tables_collect(cluster, tmp_path):
   cfg = tiny_run_config(tmp_path)
   grid = tmp_path / "grid.py"
   grid.write_text("from transformer.sweeps.grids import Grid, Variant\n"
-                  "GRID = Grid('pair', [Variant('base', {}), Variant('wide', "
+                  "def get_grid():\n"
+                  "  return Grid('pair', [Variant('base', {}), Variant('wide', "
                   "{'model.d_ff': 128})])\n")
   base = [f"--base={REPO / 'configs' / 'multi30k.py'}",
           *(a.replace("--config.", "--base.") for a in cli_overrides(cfg)),
@@ -181,3 +187,27 @@ def test_a_grid_runs_as_a_job_array_and_its_tables_collect(cluster, tmp_path):
   assert collected.returncode == 0, collected.stderr
   table = (tmp_path / "grid" / "results.md").read_text()
   assert "| base |" in table and "| wide |" in table, table
+
+
+@pytest.mark.slow
+def test_a_workdir_one_process_cannot_see_stops_every_process_at_start_up(cluster, tmp_path):
+  # Task 1 gets a private, empty folder where the workdir is: a node's own disk, not shared storage.
+  cfg = tiny_run_config(tmp_path)
+  shared = tmp_path / "shared"
+  shared.mkdir()
+  task = tmp_path / "task.sh"
+  task.write_text("#!/bin/bash\n"
+                  'if [ "$SLURM_PROCID" = 1 ] && [ -z "$PRIVATE" ]; then\n'
+                  '  exec env PRIVATE=1 unshare -m "$0" "$@"\n'
+                  "fi\n"
+                  f'[ -n "$PRIVATE" ] && mount -t tmpfs none {shared}\n'
+                  'exec "$@"\n')
+  task.chmod(0o755)
+  out = cluster.run("srun", "-n2", "--time=10", str(task), sys.executable, "-m",
+                    "transformer.training.train", *train_flags(cfg, shared / "run"), timeout=600,
+                    check=False)
+  assert out.returncode == 2, out.stderr[-3000:]
+  assert ("process(es) 1 of the job cannot see " f"{shared / 'run' / 'config.json'}, which process 0 "
+          "wrote: the workdir must be on storage every node of the job shares") in out.stderr
+  assert "Traceback" not in out.stderr
+  assert not (shared / "run" / "checkpoints").exists() or not any((shared / "run" / "checkpoints").iterdir())
