@@ -77,30 +77,42 @@ def test_tensors_have_marians_names_and_shapes_and_carry_our_parameters(override
   query = layer["self_attention"]["query"]
   kernel = np.asarray(query["kernel"][0] if config.scan_layers else query["kernel"])
   bias = np.asarray(query["bias"][0] if config.scan_layers else query["bias"])
-  # On Marian's residual stream, sqrt(10) times ours (marian_tensors says why).
+  # On Marian's residual stream: ours at coordinates 0, 2, 4, ..., then 1, 3, 5, ...
+  order = np.r_[0:config.d_model:2, 1:config.d_model:2]
   x = np.random.default_rng(0).normal(size=config.d_model).astype(np.float32)
-  q = tensors["model.encoder.layers.0.self_attn.q_proj.weight"] @ (np.sqrt(10) * x) + tensors[
+  q = tensors["model.encoder.layers.0.self_attn.q_proj.weight"] @ x[order] + tensors[
       "model.encoder.layers.0.self_attn.q_proj.bias"]
   np.testing.assert_allclose(q, (np.einsum("d,dhk->hk", x, kernel) + bias).reshape(-1), atol=1e-5)
-  np.testing.assert_allclose(tensors["model.shared.weight"],
-                             np.sqrt(10) * np.asarray(params["embed"]["embedding"]), rtol=1e-6)
+  np.testing.assert_array_equal(tensors["model.shared.weight"],
+                                np.asarray(params["embed"]["embedding"])[:, order])
   assert not tensors["final_logits_bias"].any()
 
 
-def test_position_tables_are_ours_not_marians_own_sinusoids():
-  """Stored as the paper interleaves them (sin, cos, sin, ...), not in Marian's [sin | cos] halves:
-  so the export depends on Transformers loading the stored table (checked below with the engine)."""
+def test_a_sinusoidal_runs_table_is_marians_own_sinusoids():
+  """Marian's formula (Transformers computes it where no table is stored, as after a re-save): the
+  paper's sines in the first half, its cosines in the second. In Marian's order of the stream,
+  the paper's interleaved table is exactly that, so nothing depends on the stored table."""
   config = tiny_model_config(vocab_size=VOCAB)
   tensors = marian.marian_tensors(config, init_params(Transformer(config)), ROWS)
-  table = tensors["model.encoder.embed_positions.weight"]
-  np.testing.assert_allclose(table, np.sqrt(10) * np.asarray(sinusoidal_encoding(jnp.arange(ROWS), 16)),
-                             atol=1e-6)
-  halves = np.concatenate([table[:, 0::2], table[:, 1::2]], axis=1)  # Marian's layout of the same
-  assert np.abs(table - halves).max() > 0.5
+  d = config.d_model
+  angles = np.arange(ROWS)[:, None] / np.power(10000, 2 * np.arange(d // 2) / d)[None, :]
+  marians = np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
+  for stack in ("encoder", "decoder"):
+    np.testing.assert_allclose(tensors[f"model.{stack}.embed_positions.weight"], marians, atol=1e-6)
+  interleaved = np.asarray(sinusoidal_encoding(jnp.arange(ROWS), d))
+  assert np.abs(interleaved - marians).max() > 0.5  # the order is what makes them one
   none = marian.marian_tensors(tiny_model_config(vocab_size=VOCAB, positional="none"),
                                init_params(Transformer(tiny_model_config(vocab_size=VOCAB,
                                                                          positional="none"))), ROWS)
   assert not none["model.decoder.embed_positions.weight"].any()
+
+
+def test_kinds_whose_table_a_resave_loses_are_exported_with_a_warning_and_sinusoids_without():
+  assert marian.resave_warning(tiny_model_config(vocab_size=VOCAB)) is None
+  for kind in ("learned", "none"):
+    warning = marian.resave_warning(tiny_model_config(vocab_size=VOCAB, positional=kind))
+    assert f"this {kind!r}-position model is exact as written" in warning
+    assert "a re-saved copy loads Marian's own sinusoids instead and is another model" in warning
 
 
 def test_config_and_generation_settings_are_the_runs():
@@ -153,14 +165,19 @@ def test_layouts_marian_cannot_hold_are_refused(overrides, message):
 
 # ------------------------------------------------------------------- the engine (torch, transformers)
 
-def load_marian(tmp_path, config, params, rows=ROWS):
-  """MarianMTModel.from_pretrained of the tensors and model config the export writes."""
+def load_marian(tmp_path, config, params, rows=ROWS, scale=marian.SCALE, resaved=True):
+  """MarianMTModel.from_pretrained of the tensors and model config the export writes, by default
+  saved again by Transformers and loaded from there (what push_to_hub and a Trainer's saves do)."""
   from safetensors.numpy import save_file
   from transformers import MarianConfig, MarianMTModel
-  save_file(marian.marian_tensors(config, params, rows), str(tmp_path / "model.safetensors"),
+  save_file(marian.marian_tensors(config, params, rows, scale), str(tmp_path / "model.safetensors"),
             metadata={"format": "pt"})
   MarianConfig(**marian.marian_settings(config, rows)).save_pretrained(tmp_path)
-  return MarianMTModel.from_pretrained(tmp_path).eval()
+  engine = MarianMTModel.from_pretrained(tmp_path).eval()
+  if not resaved:
+    return engine
+  engine.save_pretrained(tmp_path / "resaved")
+  return MarianMTModel.from_pretrained(tmp_path / "resaved").eval()
 
 
 def marian_log_probs(engine, src, tgt):
@@ -174,13 +191,15 @@ def marian_log_probs(engine, src, tgt):
 
 
 @needs_engine
-@pytest.mark.parametrize("overrides", [{}, {"positional": "learned"}, {"positional": "none"},
-                                       {"scan_layers": True}, {"num_layers": 3, "decoder_layers": 1}])
-def test_transformers_scores_targets_as_our_model_does(tmp_path, overrides):
+@pytest.mark.parametrize("overrides,resaved", [
+    ({}, True), ({"scan_layers": True}, True), ({"num_layers": 3, "decoder_layers": 1}, True),
+    ({"positional": "learned"}, False), ({"positional": "none"}, False)])
+def test_transformers_scores_targets_as_our_model_does(tmp_path, overrides, resaved):
+  """Sinusoidal runs after a re-save by Transformers; the kinds it cannot recompute as written."""
   config = tiny_model_config(vocab_size=VOCAB, **overrides)
   model = Transformer(config)
   params = init_params(model, seed=1)
-  engine = load_marian(tmp_path, config, params)
+  engine = load_marian(tmp_path, config, params, resaved=resaved)
   src = random_tokens(np.random.default_rng(0), 4, 14, VOCAB, lengths=[14, 5, 3, 2])
   tgt = random_tokens(np.random.default_rng(1), 4, 20, VOCAB, lengths=[20, 4, 11, 2])
   ours = np.asarray(decoding.forced_log_probs(model, params, jnp.asarray(src), jnp.asarray(tgt)))
@@ -189,25 +208,36 @@ def test_transformers_scores_targets_as_our_model_does(tmp_path, overrides):
 
 
 @needs_engine
-@pytest.mark.parametrize("folded", [True, False])
-def test_the_residual_stream_is_scaled_so_marians_layer_norm_epsilon_computes_ours(
-    tmp_path, monkeypatch, folded):
+def test_a_resave_loses_a_learned_table_as_the_export_warns(tmp_path):
+  config = tiny_model_config(vocab_size=VOCAB, positional="learned")
+  model = Transformer(config)
+  params = init_params(model, seed=1)
+  src = random_tokens(np.random.default_rng(0), 4, 14, VOCAB, lengths=[14, 5, 3, 2])
+  tgt = random_tokens(np.random.default_rng(1), 4, 20, VOCAB, lengths=[20, 4, 11, 2])
+  ours = np.asarray(decoding.forced_log_probs(model, params, jnp.asarray(src), jnp.asarray(tgt)))
+  resaved = marian_log_probs(load_marian(tmp_path, config, params), src, tgt)
+  assert np.abs(resaved - ours)[tgt != PAD_ID].max() > 1e-2
+
+
+@needs_engine
+@pytest.mark.parametrize("scaled", [True, False])
+def test_where_marians_layer_norm_epsilon_would_matter_the_scaled_stream_computes_ours(
+    tmp_path, scaled):
   """LayerNorm gains and biases of 0.003 keep the stream's variance near the epsilons (1e-6 ours,
-  1e-5 Marian's), where the two LayerNorms part: with the stream scaled, the scores still agree
-  to 1e-4; without (SCALE = 1) they do not."""
+  1e-5 Marian's) after each stack's first LayerNorm, where the two LayerNorms part: with the
+  stream scaled by sqrt(10) from there on (the export's way), the scores still agree to 1e-4
+  after a re-save; unscaled, they do not."""
   config = tiny_model_config(vocab_size=VOCAB)
   model = Transformer(config)
   params = jax.tree_util.tree_map_with_path(
       lambda path, x: x * 0 + 0.003 if "norm" in jax.tree_util.keystr(path) else x,
       init_params(model, seed=1))
-  if not folded:
-    monkeypatch.setattr(marian, "SCALE", 1.0)
-  engine = load_marian(tmp_path, config, params)
+  engine = load_marian(tmp_path, config, params, scale=marian.SCALE if scaled else 1.0)
   src = random_tokens(np.random.default_rng(0), 4, 14, VOCAB, lengths=[14, 5, 3, 2])
   tgt = random_tokens(np.random.default_rng(1), 4, 20, VOCAB, lengths=[20, 4, 11, 2])
   ours = np.asarray(decoding.forced_log_probs(model, params, jnp.asarray(src), jnp.asarray(tgt)))
   difference = np.abs(marian_log_probs(engine, src, tgt) - ours)[tgt != PAD_ID].max()
-  assert (difference < 1e-4) == folded, difference
+  assert (difference < 1e-4) == scaled, difference
 
 
 @needs_engine
@@ -216,7 +246,7 @@ def test_transformers_keeps_the_stored_position_table(tmp_path):
   recompute its own [sin | cos] sinusoids, the scores above would disagree)."""
   config = tiny_model_config(vocab_size=VOCAB, positional="learned")
   params = init_params(Transformer(config), seed=1)
-  engine = load_marian(tmp_path, config, params)
+  engine = load_marian(tmp_path, config, params, resaved=False)
   stored = marian.marian_tensors(config, params, ROWS)["model.decoder.embed_positions.weight"]
   np.testing.assert_array_equal(engine.model.decoder.embed_positions.weight.detach().numpy(), stored)
   assert engine.lm_head.weight.data_ptr() == engine.model.shared.weight.data_ptr()  # tied
@@ -306,11 +336,18 @@ def test_export_writes_the_files_configs_and_tokenizer_of_the_run(run, exported)
 
 @needs_engine
 def test_exported_run_scores_the_validation_set_as_we_do_and_translates(run, exported, tmp_path):
-  """MarianMTModel from the directory alone: its scores of the references = transformer-translate
-  --score's, token by token; generate() translates with the run's search settings."""
+  """MarianMTModel from the directory alone, saved again by Transformers as push_to_hub or a
+  Trainer would: its scores of the references = transformer-translate --score's, token by token;
+  generate() translates with the run's search settings."""
   import torch
+  from safetensors.numpy import load_file
   from transformers import MarianMTModel, MarianTokenizer
-  tokenizer, engine = MarianTokenizer.from_pretrained(exported), MarianMTModel.from_pretrained(exported).eval()
+  MarianMTModel.from_pretrained(exported).save_pretrained(tmp_path / "resaved")
+  MarianTokenizer.from_pretrained(exported).save_pretrained(tmp_path / "resaved")
+  assert "model.encoder.embed_positions.weight" not in load_file(
+      str(tmp_path / "resaved" / "model.safetensors"))  # Transformers dropped the stored tables
+  tokenizer = MarianTokenizer.from_pretrained(tmp_path / "resaved")
+  engine = MarianMTModel.from_pretrained(tmp_path / "resaved").eval()
   ours = vocab_lib.load_vocab(run / vocab_lib.VOCAB_FILE)
   sentences, references = validation_pairs(run, ours)
   (tmp_path / "src.en").write_text("\n".join(sentences) + "\n")
@@ -338,6 +375,29 @@ def test_exported_run_scores_the_validation_set_as_we_do_and_translates(run, exp
   texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
   assert texts == [ours.decode([t for t in row.tolist() if t not in (PAD_ID, BOS_ID, EOS_ID)])
                    for row in generated]
+
+
+@pytest.mark.parametrize("rows", [0, -5])
+def test_a_position_table_of_no_rows_is_refused_before_anything_is_written(run, tmp_path, rows):
+  for form in ("huggingface", "ctranslate2"):
+    done = run_cli("transformer.evaluation.export", f"--workdir={run}", f"--format={form}",
+                   f"--output={tmp_path / form}", f"--max_positions={rows}")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert (f"--max_positions must be a positive number of rows (the longest input and output "
+            f"the engine takes, end token included), got {rows}") in done.stderr
+  assert list(tmp_path.iterdir()) == []
+
+
+def test_a_shorter_position_table_shortens_the_tokenizers_inputs(run, tmp_path):
+  if importlib.util.find_spec("transformers") is None:
+    pytest.skip(f"--format=huggingface writes with transformers: {marian.INSTALL}")
+  from transformers import MarianTokenizer
+  done = run_cli("transformer.evaluation.export", f"--workdir={run}", "--format=huggingface",
+                 f"--output={tmp_path / 'hf'}", "--max_positions=12")
+  assert done.returncode == 0, done.stderr
+  tokenizer = MarianTokenizer.from_pretrained(tmp_path / "hf")
+  assert tokenizer.model_max_length == 12
+  assert len(tokenizer(["a " * 40], truncation=True)["input_ids"][0]) == 12
 
 
 def test_export_without_transformers_names_the_install_line_and_writes_nothing(run, tmp_path,

@@ -81,6 +81,8 @@ def test_sbatch_options_the_config_cannot_use_are_refused_before_a_script_is_pri
                          "asks for 6 GPU(s) (2 node(s) x 3), which the config cannot use"),
                         ("--signal=B:TERM@60", "not B:, which signals the batch shell only"),
                         ("--no-requeue", "--no-requeue forbids the requeue"),
+                        ("--gpus-per-node=8 --ntasks-per-node=3",
+                         "--ntasks-per-node=3 does not divide a node's 8 GPU(s)"),
                         ("-N 2", "is not a long sbatch option")]:
     args = train_flags(cfg, tmp_path / "run", **{"mesh.data": 2, "mesh.fsdp": 2})
     printed = run_cli("transformer.training.train", *args, "--print_sbatch", f"--sbatch={sbatch}")

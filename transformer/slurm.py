@@ -74,10 +74,16 @@ def devices(opts: dict[str, str]) -> int | None:
 
 
 def check_mesh(cfg: ml_collections.ConfigDict, opts: dict[str, str]) -> None:
-  """Raises SbatchError if the job's GPUs cannot hold the config's mesh."""
+  """Raises SbatchError if the job's GPUs cannot hold the config's mesh, or its tasks cannot
+  share a node's GPUs evenly."""
   count = devices(opts)
   if count is None:
     return
+  per_node, tasks = count // int(opts.get("nodes", "1")), opts.get("ntasks-per-node", "1")
+  if not tasks.isdigit() or int(tasks) < 1 or per_node % int(tasks):
+    raise SbatchError(f"--sbatch: --ntasks-per-node={tasks} does not divide a node's {per_node} "
+                      "GPU(s): every process drives the same number (one task per node, or one "
+                      "per GPU)")
   try:
     partitioning.mesh_shape(cfg.mesh, count)
   except ConfigError as e:

@@ -24,6 +24,7 @@ is written, and the directory appears whole or not at all. docs/evaluating.md sh
 from __future__ import annotations
 
 import contextlib
+import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +43,8 @@ from transformer.model import positions
 from transformer.model.transformer import LAYER_NORM_EPSILON, ModelConfig, layer_params
 from transformer.training import checkpoints
 from transformer.training.workdir import load_run
+
+log = logging.getLogger("transformer")
 
 FLAGS = flags.FLAGS
 FORMATS = ("ctranslate2", "huggingface")
@@ -101,7 +104,11 @@ def _feed_forward(spec, params: dict[str, Any], norm: dict[str, np.ndarray]) -> 
 
 
 def check_rows(config: ModelConfig, rows: int) -> None:
-  """A stored position table of `rows` rows must fit in the kind's own (a learned table's)."""
+  """A stored position table of `rows` rows must be one, and fit in the kind's own (a learned
+  table's)."""
+  if rows <= 0:
+    raise ConfigError(f"--max_positions must be a positive number of rows (the longest input and "
+                      f"output the engine takes, end token included), got {rows}")
   longest = positions.get(config.positional).longest(config)
   if longest is not None and rows > longest:
     raise ConfigError(f"--max_positions={rows} is past the {config.positional} position table "
@@ -204,13 +211,15 @@ def export_ctranslate2(workdir: str | Path, output: str | Path, step: int | None
   """Writes the run's checkpoint (or average) as a CTranslate2 model directory `output`."""
   _check_new(Path(output))
   cfg = checkpoints.load_run_config(Path(workdir))
-  check_ctranslate2(ModelConfig.from_config(cfg.model, cfg.data.vocab_size))
+  config = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
+  check_ctranslate2(config)
+  rows = default_max_positions(cfg) if max_positions is None else max_positions
+  check_rows(config, rows)
   _ctranslate2()
   with _staged(output) as staging:
     run = load_run(workdir, step, average_last)
     pieces = [run.vocab.id_to_piece(i) for i in range(run.vocab.get_piece_size())]
-    spec = ctranslate2_spec(run.model.config, run.params(ema), pieces,
-                            max_positions or default_max_positions(run.config), quantization)
+    spec = ctranslate2_spec(run.model.config, run.params(ema), pieces, rows, quantization)
     spec.register_file(str(Path(workdir) / vocab_lib.VOCAB_FILE))
     spec.save(str(staging))
   return Path(output)
@@ -225,8 +234,10 @@ def export_huggingface(workdir: str | Path, output: str | Path, step: int | None
   config = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
   marian.check_marian(config)  # before the checkpoint is read or anything written
   marian.transformers_library()
-  rows = max_positions or default_max_positions(cfg)
+  rows = default_max_positions(cfg) if max_positions is None else max_positions
   check_rows(config, rows)
+  if warning := marian.resave_warning(config):
+    log.warning("%s", warning)
   with _staged(output) as staging:
     run = load_run(workdir, step, average_last)
     marian.write_marian(staging, run.config, run.model.config, run.params(ema),

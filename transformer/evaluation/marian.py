@@ -8,13 +8,17 @@ Marian (the architecture of the OPUS-MT models) is the paper's: post-LayerNorm s
 feed-forward layers with biases, one matrix for the source and target embeddings (scaled by
 sqrt(d_model)) and the pre-softmax projection, and a position table added to each stack's embeddings.
 So a run goes over tensor by tensor (`marian_tensors`), with its additive positions as the stored
-tables (Transformers keeps a stored `embed_positions.weight`; it computes its own sinusoids, in
-[sin | cos] halves rather than the paper's interleaving, only where none is stored). What Marian
-cannot hold is refused before anything is read or written (`check_marian`). Its LayerNorms' epsilon
-(1e-5, ours 1e-6) cannot be set, so the tensors carry the residual stream sqrt(10) times larger,
-which makes its LayerNorms compute ours exactly (`marian_tensors` says why). What still differs is
-the search: its length penalty's formula and its absolute length limit (`max_length`), where ours
-is the source length + `decode.max_extra_len`.
+tables. Transformers loads a stored `embed_positions.weight` but never saves one: a model it saves
+again (`save_pretrained`, `push_to_hub`) computes Marian's own sinusoids at its next load, the
+paper's in [sin | cos] halves rather than interleaved. So the residual stream's coordinates are
+permuted into that order (`marian_order`): a sinusoidal run's stored table then is Marian's own and
+the export survives any re-save; learned tables and none are exported with a warning that a
+re-saved copy loses them (`resave_warning`). What Marian cannot hold is
+refused before anything is read or written (`check_marian`). Its LayerNorms' epsilon is 1e-5, ours
+1e-6, and cannot be set: the stream is carried sqrt(10) times larger from each stack's first
+LayerNorm on, which makes all the others compute ours exactly (`marian_tensors` says why and what
+is left). What still differs is the search: its length penalty's formula and its absolute length
+limit (`max_length`), where ours is the source length + `decode.max_extra_len`.
 
 Written with the libraries' own writers where they exist: the weights with safetensors, the model and
 generation configs with Transformers' `MarianConfig` and `GenerationConfig` (which check the values),
@@ -78,28 +82,52 @@ def check_marian(config: ModelConfig) -> None:
                       "d_v): use --format=ctranslate2")
 
 
-def _reads(kernel: np.ndarray, bias: np.ndarray) -> dict[str, np.ndarray]:
-  """A projection of the residual stream (kernel [in, out]) as torch's Linear stores it (weight
-  [out, in]), its weight divided by SCALE since its input is SCALE times ours (`marian_tensors`)."""
-  return {"weight": np.ascontiguousarray(kernel.T) / SCALE, "bias": bias.reshape(-1)}
+def marian_order(d_model: int) -> np.ndarray:
+  """The residual stream's coordinates in Marian's order: ours at 0, 2, 4, ... then 1, 3, 5, ...
+  The paper's sinusoids interleave sin and cos (sin at even coordinates); Marian's, which
+  Transformers computes itself where no table is stored, put the same sines in the first half and
+  the cosines in the second. LayerNorm ignores the order of its coordinates, so a model whose every
+  tensor is permuted alike computes the same function with Marian's own table."""
+  return np.concatenate([np.arange(0, d_model, 2), np.arange(1, d_model, 2)])
 
 
-def _writes(kernel: np.ndarray, bias: np.ndarray) -> dict[str, np.ndarray]:
-  """A projection whose output joins the residual stream: weight and bias times SCALE."""
-  return {"weight": np.ascontiguousarray(kernel.T) * SCALE, "bias": bias.reshape(-1) * SCALE}
+class _Stream:
+  """Ours to Marian's for tensors that touch the residual stream: its coordinates in Marian's
+  order (`marian_order`); `scale`: how many times ours the stream they read or write is there
+  (`marian_tensors` says where and why)."""
 
+  def __init__(self, d_model: int):
+    self.order = marian_order(d_model)
 
-def _attention(attention: dict[str, Any]) -> dict[str, dict[str, np.ndarray]]:
-  """Head projections (kernels [D, H, K]) read the stream, the output ([H, K, D]) writes it."""
-  heads_in = lambda d: _reads(d["kernel"].reshape(d["kernel"].shape[0], -1), d["bias"])
-  out = attention["out"]
-  return {"q_proj": heads_in(attention["query"]), "k_proj": heads_in(attention["key"]),
-          "v_proj": heads_in(attention["value"]),
-          "out_proj": _writes(out["kernel"].reshape(-1, out["kernel"].shape[-1]), out["bias"])}
+  def reads(self, kernel: np.ndarray, bias: np.ndarray, scale: float) -> dict[str, np.ndarray]:
+    """A projection of the stream (kernel [in, out]) as torch's Linear stores it (weight [out, in])."""
+    return {"weight": np.ascontiguousarray(kernel[self.order].T) / scale, "bias": bias.reshape(-1)}
 
+  def writes(self, kernel: np.ndarray, bias: np.ndarray, scale: float) -> dict[str, np.ndarray]:
+    """A projection whose output joins the stream."""
+    return {"weight": np.ascontiguousarray(kernel[:, self.order].T) * scale,
+            "bias": bias.reshape(-1)[self.order] * scale}
 
-def _norm(norm: dict[str, np.ndarray], scale: float) -> dict[str, np.ndarray]:
-  return {"weight": norm["scale"] * scale, "bias": norm["bias"] * scale}
+  def vectors(self, table: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """Rows on the stream (embeddings, position tables, LayerNorm gains and biases)."""
+    return table[..., self.order] * scale
+
+  def norm(self, norm: dict[str, np.ndarray], scale: float) -> dict[str, np.ndarray]:
+    """A LayerNorm whose output is `scale` times ours."""
+    return {"weight": self.vectors(norm["scale"], scale), "bias": self.vectors(norm["bias"], scale)}
+
+  def attention(self, attention: dict[str, Any], query_scale: float, memory_scale: float
+                ) -> dict[str, dict[str, np.ndarray]]:
+    """Head projections (kernels [D, H, K]) read the stream (queries at `query_scale`, keys and
+    values at `memory_scale`); the output ([H, K, D]) writes it at `query_scale`."""
+    heads = lambda d, scale: self.reads(d["kernel"].reshape(d["kernel"].shape[0], -1), d["bias"],
+                                        scale)
+    out = attention["out"]
+    return {"q_proj": heads(attention["query"], query_scale),
+            "k_proj": heads(attention["key"], memory_scale),
+            "v_proj": heads(attention["value"], memory_scale),
+            "out_proj": self.writes(out["kernel"].reshape(-1, out["kernel"].shape[-1]),
+                                    out["bias"], query_scale)}
 
 
 def _flatten(tree: dict[str, Any], prefix: str) -> dict[str, np.ndarray]:
@@ -112,41 +140,60 @@ def _flatten(tree: dict[str, Any], prefix: str) -> dict[str, np.ndarray]:
   return out
 
 
-def marian_tensors(config: ModelConfig, params: Any, rows: int) -> dict[str, np.ndarray]:
+def marian_tensors(config: ModelConfig, params: Any, rows: int, scale: float = SCALE
+                   ) -> dict[str, np.ndarray]:
   """Every tensor of MarianMTModel's state, by its name there, float32 (tied ones once: the shared
-  embedding; `lm_head` and both `embed_tokens` are tied to it when Transformers loads it).
+  embedding; `lm_head` and both `embed_tokens` are tied to it when Transformers loads it), the
+  residual stream in Marian's order (`marian_order`).
 
   Marian's LayerNorms divide by sqrt(variance + 1e-5), ours by sqrt(variance + 1e-6), and its
   config cannot change that. A LayerNorm is blind to its input's scale but for the epsilon:
-  LN_eps(c x) = LN_{eps / c^2}(x). So the tensors carry the residual stream SCALE = sqrt(10) times
-  larger: the embeddings, position tables and LayerNorm gains and biases times c, every projection
-  reading the stream divided by c and every one writing it (attention outputs, second
-  feed-forward layer) times c, and the decoder's last LayerNorm divided by c, so that the shared
-  matrix gives the same logits. Marian then computes exactly our function, its epsilon included."""
+  LN_eps(c x) = LN_{eps / c^2}(x). So from the first LayerNorm of each stack on, the tensors carry
+  the stream `scale` = sqrt(10) times larger (LayerNorm gains and biases times c, projections
+  reading it divided by c, those writing it times c, the decoder's last LayerNorm times 1 for the
+  logits), and those LayerNorms compute ours exactly. Before it, the embeddings and position
+  tables stay ours: Transformers never saves the tables (a re-saved model recomputes Marian's own
+  at its next load), so they must be exactly what it computes. Only each stack's first LayerNorm
+  then differs from ours, by the epsilon, on a stream whose variance is about 1 (the scaled
+  embeddings plus the sinusoids): measured on trained runs in experiments/results/marian_epsilon/.
+  `scale=1` leaves every LayerNorm at Marian's epsilon (what that measurement compares)."""
   check_marian(config)
   params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
   encoder_table, decoder_table = positions.get(config.positional).added_tables(config, params, rows)
+  stream = _Stream(config.d_model)
   tree: dict[str, Any] = {"model": {
-      "shared": {"weight": params["embed"]["embedding"] * SCALE},
-      "encoder": {"embed_positions": {"weight": encoder_table * SCALE}, "layers": {}},
-      "decoder": {"embed_positions": {"weight": decoder_table * SCALE}, "layers": {}}}}
+      "shared": {"weight": stream.vectors(params["embed"]["embedding"])},
+      "encoder": {"embed_positions": {"weight": stream.vectors(encoder_table)}, "layers": {}},
+      "decoder": {"embed_positions": {"weight": stream.vectors(decoder_table)}, "layers": {}}}}
   for stack, count in (("encoder", config.num_layers), ("decoder", config.num_decoder_layers)):
     for i in range(count):
       ours = layer_params(params[stack], i)
       ffn = ours["ffn"]
+      before = 1.0 if i == 0 else scale  # the stream's scale entering the layer
       last = stack == "decoder" and i == count - 1
-      layer = {"self_attn": _attention(ours["self_attention"]),
-               "self_attn_layer_norm": _norm(ours["self_attention_norm"], SCALE),
-               "fc1": _reads(ffn["wi"]["kernel"], ffn["wi"]["bias"]),
-               "fc2": _writes(ffn["wo"]["kernel"], ffn["wo"]["bias"]),
-               "final_layer_norm": _norm(ours["ffn_norm"], 1 / SCALE if last else SCALE)}
-      if stack == "decoder":
-        layer["encoder_attn"] = _attention(ours["cross_attention"])
-        layer["encoder_attn_layer_norm"] = _norm(ours["cross_attention_norm"], SCALE)
+      layer = {"self_attn": stream.attention(ours["self_attention"], before, before),
+               "self_attn_layer_norm": stream.norm(ours["self_attention_norm"], scale),
+               "fc1": stream.reads(ffn["wi"]["kernel"], ffn["wi"]["bias"], scale),
+               "fc2": stream.writes(ffn["wo"]["kernel"], ffn["wo"]["bias"], scale),
+               "final_layer_norm": stream.norm(ours["ffn_norm"], 1.0 if last else scale)}
+      if stack == "decoder":  # the encoder's output, its memory, leaves at `scale` too
+        layer["encoder_attn"] = stream.attention(ours["cross_attention"], scale, scale)
+        layer["encoder_attn_layer_norm"] = stream.norm(ours["cross_attention_norm"], scale)
       tree["model"][stack]["layers"][str(i)] = layer
   tensors = _flatten(tree, "")
   tensors["final_logits_bias"] = np.zeros((1, config.vocab_size), np.float32)  # ours has none
   return {name: np.ascontiguousarray(value, np.float32) for name, value in tensors.items()}
+
+
+def resave_warning(config: ModelConfig) -> str | None:
+  """What a user must know before sharing an export whose position table Transformers cannot
+  recompute (learned tables, none): None for the sinusoidal kind, whose table it does."""
+  if config.positional == "sinusoidal":
+    return None
+  return (f"this {config.positional!r}-position model is exact as written, but Transformers' "
+          "save_pretrained (and push_to_hub, a Trainer's checkpoints) never saves Marian's position "
+          "tables: a re-saved copy loads Marian's own sinusoids instead and is another model. "
+          "Share the exported folder as it is written, or export a run with sinusoidal positions")
 
 
 def marian_settings(config: ModelConfig, rows: int) -> dict[str, Any]:
@@ -203,5 +250,5 @@ def write_marian(directory: Path, cfg: ml_collections.ConfigDict, config: ModelC
     tokenizer = transformers.MarianTokenizer(
         source_spm=str(vocab_file), target_spm=str(vocab_file), vocab=str(pieces),
         source_lang=cfg.data.src_lang, target_lang=cfg.data.tgt_lang,
-        model_max_length=cfg.data.max_len, **special_pieces(vocab))
+        model_max_length=min(cfg.data.max_len, rows), **special_pieces(vocab))
     tokenizer.save_pretrained(directory)
