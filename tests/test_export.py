@@ -40,7 +40,8 @@ def translator(tmp_path, config, params, max_positions=32):
 @pytest.mark.parametrize("overrides", [{}, {"norm": "pre", "positional": "learned"},
                                        {"share_embeddings": False}, {"scan_layers": True},
                                        {"d_k": 8, "d_v": 8},
-                                       {"num_layers": 3, "decoder_layers": 1}])
+                                       {"num_layers": 3, "decoder_layers": 1},
+                                       {"activation": "swish"}, {"activation": "gelu"}])
 def test_ctranslate2_scores_targets_as_our_model_does(tmp_path, overrides):
   config = tiny_model_config(vocab_size=VOCAB, **overrides)
   model = Transformer(config)

@@ -193,6 +193,7 @@ def marian_log_probs(engine, src, tgt):
 @needs_engine
 @pytest.mark.parametrize("overrides,resaved", [
     ({}, True), ({"scan_layers": True}, True), ({"num_layers": 3, "decoder_layers": 1}, True),
+    ({"activation": "swish"}, True), ({"activation": "gelu"}, True),
     ({"positional": "learned"}, False), ({"positional": "none"}, False)])
 def test_transformers_scores_targets_as_our_model_does(tmp_path, overrides, resaved):
   """Sinusoidal runs after a re-save by Transformers; the kinds it cannot recompute as written."""

@@ -65,6 +65,22 @@ def test_attention_over_cache_blocks_is_the_softmax_over_all_keys(rng, reached):
   np.testing.assert_allclose(got, np.swapaxes(expected, 1, 2), atol=1e-5)
 
 
+@pytest.mark.parametrize("activation,reference", [
+    ("relu", lambda h: np.maximum(h, 0)),
+    ("swish", lambda h: h / (1 + np.exp(-h))),
+    ("gelu", lambda h: 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2))))])
+def test_feed_forward_layer_is_its_formula_with_each_activation(rng, activation, reference):
+  from transformer.model.transformer import FeedForward
+  layer = FeedForward(tiny_model_config(activation=activation))
+  x = jnp.asarray(rng.normal(size=(2, 3, 16)), jnp.float32)
+  params = nn.unbox(layer.init(jax.random.key(0), x)["params"])
+  wi, wo = (jax.tree.map(np.asarray, params[k]) for k in ("wi", "wo"))
+  wi["bias"], wo["bias"] = wi["bias"] + 0.1, wo["bias"] - 0.2  # non-zero biases count too
+  out = layer.apply({"params": {"wi": wi, "wo": wo}}, x)
+  expected = reference(np.asarray(x) @ wi["kernel"] + wi["bias"]) @ wo["kernel"] + wo["bias"]
+  np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
 def test_sinusoidal_table_is_the_papers_formula():
   length, d = 50, 16
   expected = np.zeros((length, d))
@@ -102,7 +118,8 @@ def test_padding_does_not_change_real_positions(rng):
 
 @pytest.mark.parametrize("overrides", [{}, {"norm": "pre", "positional": "learned"},
                                        {"share_embeddings": False}, {"d_k": 3, "d_v": 5},
-                                       {"scan_layers": True, "remat": "full"}])
+                                       {"scan_layers": True, "remat": "full"},
+                                       {"activation": "swish"}])
 def test_kv_cache_decoding_equals_full_forward(rng, overrides):
   model = Transformer(tiny_model_config(**overrides))
   params = init_params(model)

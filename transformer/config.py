@@ -14,6 +14,7 @@ from transformer.data.batching import BATCHING_MODES
 from transformer.decoding.translator import OPTIONS as SEARCH_OPTIONS
 from transformer.errors import ConfigError
 from transformer.model import positions
+from transformer.model.config import ACTIVATIONS
 
 NORM_KINDS = ("post", "pre")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -55,6 +56,8 @@ def _model_keys() -> ml_collections.ConfigDict:
   model.positional = "sinusoidal"   # or another of model/positions/ (one file per kind; 'learned'
                                     # is Table 3 row E); docs/experiments.md compares them all.
   model.norm = "post"               # 'post' = LayerNorm(x + Sublayer(x)) as in the paper; or 'pre'.
+  model.activation = "relu"         # the feed-forward nonlinearity: the paper's; 'swish' (SiLU, as
+                                    # OPUS-MT's Marian models) or 'gelu' (exact, with erf).
   model.share_embeddings = True     # source, target and pre-softmax matrices are one.
   model.max_len = 256               # table size of learned positions; longest sequence trained.
   model.dtype = "float32"           # activation dtype; parameters, logits and loss stay float32.
@@ -224,6 +227,7 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
               "model.d_v", "train.cooldown_steps", "data.loader_workers", "train.loss_chunks"):
     _positive(cfg, key, allow_zero=True)
   _choice(cfg, "model.norm", NORM_KINDS)
+  _choice(cfg, "model.activation", ACTIVATIONS)
   _choice(cfg, "model.dtype", DTYPES)
   _choice(cfg, "model.matmul_dtype", MATMUL_DTYPES)
   positions.check_config(cfg)  # an unknown kind, its keys, another kind's keys, its length limit

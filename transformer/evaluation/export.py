@@ -45,6 +45,8 @@ from transformer.training import checkpoints
 from transformer.training.workdir import load_run
 
 log = logging.getLogger("transformer")
+# model.activation -> CTranslate2's Activation (its GELU is the exact one, with erf)
+CTRANSLATE2_ACTIVATIONS = {"relu": "RELU", "swish": "SWISH", "gelu": "GELU"}
 
 FLAGS = flags.FLAGS
 FORMATS = ("ctranslate2", "huggingface")
@@ -136,10 +138,13 @@ def ctranslate2_spec(config: ModelConfig, params: Any, pieces: list[str], max_po
   head_dim = config.key_dim if config.key_dim * config.num_heads != config.d_model else None
   kind = positions.get(config.positional)
   encoder_options, decoder_options = kind.export_options(config)
+  activation = getattr(spec_lib.common_spec.Activation, CTRANSLATE2_ACTIVATIONS[config.activation])
   encoder = spec_lib.TransformerEncoderSpec(config.num_layers, config.num_heads, pre_norm=pre_norm,
-                                            head_dim=head_dim, **encoder_options)
+                                            head_dim=head_dim, activation=activation,
+                                            **encoder_options)
   decoder = spec_lib.TransformerDecoderSpec(config.num_decoder_layers, config.num_heads,
-                                            pre_norm=pre_norm, head_dim=head_dim, **decoder_options)
+                                            pre_norm=pre_norm, head_dim=head_dim,
+                                            activation=activation, **decoder_options)
   if config.share_embeddings:
     source_embed = target_embed = output_embed = params["embed"]["embedding"]
   else:

@@ -204,7 +204,7 @@ def marian_settings(config: ModelConfig, rows: int) -> dict[str, Any]:
       d_model=config.d_model, encoder_layers=config.num_layers,
       decoder_layers=config.num_decoder_layers, encoder_attention_heads=config.num_heads,
       decoder_attention_heads=config.num_heads, encoder_ffn_dim=config.d_ff,
-      decoder_ffn_dim=config.d_ff, activation_function="relu", scale_embedding=True,
+      decoder_ffn_dim=config.d_ff, activation_function=config.activation, scale_embedding=True,
       dropout=config.dropout, attention_dropout=config.attention_dropout, activation_dropout=0.0,
       pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID,
       decoder_start_token_id=BOS_ID, forced_eos_token_id=EOS_ID,

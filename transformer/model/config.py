@@ -12,6 +12,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+# The feed-forward nonlinearities: the paper's ReLU; swish (SiLU, x * sigmoid(x): OPUS-MT's Marian
+# models); GELU, exact (with erf, as Transformers' and CTranslate2's 'gelu').
+ACTIVATIONS = ("relu", "swish", "gelu")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -39,6 +43,7 @@ class ModelConfig:
   vocab_matmul_dtype: Any = None  # the same for the projection onto the vocabulary alone (decoding)
   decoder_layers: int = 0   # 0 = num_layers, the paper's N for both stacks
   position_options: tuple[tuple[str, Any], ...] = ()  # the kinds' own keys (positions.option)
+  activation: str = "relu"  # the feed-forward layers' nonlinearity, one of ACTIVATIONS
 
   @property
   def num_decoder_layers(self) -> int:

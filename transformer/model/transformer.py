@@ -151,8 +151,12 @@ class MultiHeadAttention(nn.Module):
 # ------------------------------------------------------------------------------------------- layers
 
 
+ACTIVATION_FUNCTIONS = {"relu": nn.relu, "swish": nn.silu,
+                        "gelu": lambda x: nn.gelu(x, approximate=False)}
+
+
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W1 + b1) W2 + b2."""
+  """FFN(x) = max(0, x W1 + b1) W2 + b2, or swish or GELU for max(0, .) (`activation`)."""
   config: ModelConfig
 
   @nn.compact
@@ -160,7 +164,7 @@ class FeedForward(nn.Module):
     cfg = self.config
     x = nn.Dense(cfg.d_ff, dtype=cfg.dtype, name="wi", kernel_init=_init(_dense_init, "embed", "mlp"),
                  bias_init=_init(_zeros, "mlp"), dot_general=matmul(cfg))(x)
-    x = constrain(nn.relu(x), "batch", "length", "act_mlp")
+    x = constrain(ACTIVATION_FUNCTIONS[cfg.activation](x), "batch", "length", "act_mlp")
     return nn.Dense(cfg.d_model, dtype=cfg.dtype, name="wo", kernel_init=_init(_dense_init, "mlp", "embed"),
                     bias_init=_init(_zeros, "embed"), dot_general=matmul(cfg))(x)
 
