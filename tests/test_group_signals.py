@@ -42,9 +42,13 @@ def group(pgid: int) -> set[int]:
 
 
 def start(command, **kwargs) -> subprocess.Popen:
-  """`command` as the leader of a process group of its own, as a shell starts a job."""
+  """`command` as the leader of a process group of its own, as a shell starts a job, with SIGINT
+  at its default (a test suite started in the background by a script inherits it ignored, as
+  every background job of a non-interactive shell does, and a program would then never see it)."""
   return subprocess.Popen(command, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
-                          stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs)
+                          stderr=subprocess.PIPE, text=True, start_new_session=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                          **kwargs)
 
 
 def signal_group(process, sig, twice: bool = False) -> tuple[int, str, float]:
