@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from transformer import partitioning
+from transformer import partitioning, stops
 from transformer.hardware import usable_cpus
 from transformer.metrics import COMPILE_EVENTS
 from transformer.training.step import dropout_key
@@ -53,10 +53,12 @@ def learning_rate(schedule: Callable[[int], Any]) -> Callable[[int], float]:
   return lambda step: float(compiled(step))
 
 
-def loop_steps(run: Any, eval_fn: Callable) -> tuple[PerShape, PerShape]:
+def loop_steps(run: Any, eval_fn: Callable, stopped: Callable[[], str | None] = lambda: None
+               ) -> tuple[PerShape, PerShape]:
   """The train step and `eval_fn` (the validation step) of a started run (train.Run), compiled for
   every shape of its training batches (`Loader.batch_shapes`) and of its validation batches, all
-  at once: what the loop calls."""
+  at once: what the loop calls. `stopped` names a stop signal received meanwhile (None: none);
+  one ends the compiling with stops.Stopped, as no step has been trained since the checkpoint."""
   step, validation = PerShape(run.fns.step, "train step"), PerShape(eval_fn, "validation step")
   if run.first_batch is None or not run.cfg.train.compile_ahead:  # nothing to train, or jit's way
     return step, validation
@@ -69,8 +71,10 @@ def loop_steps(run: Any, eval_fn: Callable) -> tuple[PerShape, PerShape]:
   eval_args = [(run.fns.abstract_state.params,
                 abstract_batch(b, b["src"].shape[0] * processes, b["src"].shape[1], mesh))
                for b in run.eval_batches]
-  lowered = step.lower_all(train_args) + validation.lower_all(eval_args)
-  compile_all(lowered)
+  lowered = step.lower_all(train_args)
+  if name := stopped():
+    raise stops.Stopped(name)
+  compile_all(lowered + validation.lower_all(eval_args), stopped=stopped)
   return step, validation
 
 
@@ -107,17 +111,27 @@ class PerShape:
     return executable(first, batch, *rest)
 
 
-def compile_all(lowered: Sequence[tuple[PerShape, Shape, Any]], threads: int | None = None) -> float:
+def compile_all(lowered: Sequence[tuple[PerShape, Shape, Any]], threads: int | None = None,
+                stopped: Callable[[], str | None] = lambda: None) -> float:
   """Compiles what `PerShape.lower_all` lowered, `threads` at a time (default: the usable cores),
-  into each PerShape's executables; returns the seconds it took."""
+  into each PerShape's executables; returns the seconds it took. A stop (`stopped` names its
+  signal) or a second Ctrl-C ends it at once, leaving the compilations under way to the exit."""
   if not lowered:
     return 0.0
   t = time.perf_counter()
   threads = max(1, min(len(lowered), threads or usable_cpus()))
-  with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="compile") as pool:
-    done = pool.map(lambda item: item[2].compile(), lowered)
-    for (owner, shape, _), executable in zip(lowered, done):
-      owner.executables[shape] = executable
+  pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="compile")
+  futures = [pool.submit(item[2].compile) for item in lowered]
+  pending: set = set(futures)
+  try:
+    while pending:
+      _, pending = concurrent.futures.wait(pending, timeout=0.2)
+      if pending and (name := stopped()):
+        raise stops.Stopped(name)
+  finally:
+    pool.shutdown(wait=not pending, cancel_futures=True)
+  for (owner, shape, _), future in zip(lowered, futures):
+    owner.executables[shape] = future.result()
   seconds = time.perf_counter() - t
   jax.monitoring.record_event_duration_secs(COMPILE_EVENTS[-1], seconds)  # (metrics.CompileClock)
   names = {owner.name: sum(1 for o, _, _ in lowered if o is owner) for owner, _, _ in lowered}

@@ -242,8 +242,8 @@ class _Loop:
     self.watch = faults.NonFiniteWatch(skip=run.cfg.train.on_nonfinite == "skip")
     self.start = int(run.state.step)
     self.t_start = self.interval_start = self.last_save = time.time()
-    # Both steps compiled for every batch shape before the first step: the loop only dispatches.
-    self.step_fn, self.eval_fn = compiled.loop_steps(run, jit_eval_step(run.model, run.mesh))
+    self.step_fn, self.eval_fn = compiled.loop_steps(  # every shape before the first step
+        run, jit_eval_step(run.model, run.mesh), stopped=lambda: stop.signal_name)
     self.learning_rate = compiled.learning_rate(run.fns.schedule)
     self.lowered_before_loop = compiling.lowerings
     self.interval_sums, self.interval_flops, self.tokens_seen = [], 0.0, 0.0
