@@ -42,6 +42,22 @@ def test_chunked_loss_and_gradients_equal_the_whole_logits(chunks, smoothing):
   assert not np.any(np.asarray(have_grads[0])[2, 2:])  # padding positions get no gradient
 
 
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_chunked_loss_with_an_output_bias_equals_the_whole_logits_plus_the_bias(chunks):
+  """The bias (Marian's final_logits_bias) inside the chunks: its gradient is the logits' summed
+  over the tokens, as autodiff of the whole logits gives it."""
+  x, matrix, targets = _inputs(seed=2)
+  bias = jax.random.normal(jax.random.key(3), (matrix.shape[0],)) * 2.0
+  whole = lambda x, m, b: _objective(loss_sums(output_logits(x, m) + b, targets, 0.1))
+  chunked = lambda x, m, b: _objective(projected_loss_sums(x, m, targets, 0.1, jnp.float32, chunks,
+                                                           b))
+  np.testing.assert_allclose(chunked(x, matrix, bias), whole(x, matrix, bias), rtol=1e-6)
+  assert abs(float(chunked(x, matrix, bias)) - float(chunked(x, matrix, None))) > 1.0
+  for have_g, want_g in zip(jax.grad(chunked, argnums=(0, 1, 2))(x, matrix, bias),
+                            jax.grad(whole, argnums=(0, 1, 2))(x, matrix, bias)):
+    np.testing.assert_allclose(have_g, want_g, rtol=1e-5, atol=1e-5)
+
+
 def test_chunked_loss_in_bf16_products_follows_the_whole_logits():
   x, matrix, targets = _inputs(seed=1)
   whole = lambda x, m: _objective(loss_sums(output_logits(x, m, jnp.bfloat16), targets, 0.1))

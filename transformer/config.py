@@ -14,7 +14,7 @@ from transformer.data.batching import BATCHING_MODES
 from transformer.decoding.translator import OPTIONS as SEARCH_OPTIONS
 from transformer.errors import ConfigError
 from transformer.model import positions
-from transformer.model.config import ACTIVATIONS
+from transformer.model.config import ACTIVATIONS, DECODER_STARTS
 
 NORM_KINDS = ("post", "pre")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -58,6 +58,10 @@ def _model_keys() -> ml_collections.ConfigDict:
   model.norm = "post"               # 'post' = LayerNorm(x + Sublayer(x)) as in the paper; or 'pre'.
   model.activation = "relu"         # the feed-forward nonlinearity: the paper's; 'swish' (SiLU, as
                                     # OPUS-MT's Marian models) or 'gelu' (exact, with erf).
+  model.output_bias = False         # a learned bias per word added to the logits (Marian's
+                                    # final_logits_bias); the paper has none.
+  model.decoder_start = "bos"       # the decoder's first input: 'bos' (ours) or 'pad' (Marian's).
+  model.layer_norm_epsilon = 1e-6   # tensor2tensor's and the Flax example's; Marian's is 1e-5.
   model.share_embeddings = True     # source, target and pre-softmax matrices are one.
   model.max_len = 256               # table size of learned positions; longest sequence trained.
   model.dtype = "float32"           # activation dtype; parameters, logits and loss stay float32.
@@ -228,6 +232,14 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
     _positive(cfg, key, allow_zero=True)
   _choice(cfg, "model.norm", NORM_KINDS)
   _choice(cfg, "model.activation", ACTIVATIONS)
+  _choice(cfg, "model.decoder_start", tuple(DECODER_STARTS))
+  epsilon = cfg.model.layer_norm_epsilon
+  if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon < 1:
+    raise ConfigError(f"config.model.layer_norm_epsilon must be a number between 0 and 1 "
+                      f"(the paper's models use 1e-6, Marian's 1e-5), got {epsilon!r}")
+  if not isinstance(cfg.model.output_bias, bool):
+    raise ConfigError(f"config.model.output_bias must be True or False, got "
+                      f"{cfg.model.output_bias!r}")
   _choice(cfg, "model.dtype", DTYPES)
   _choice(cfg, "model.matmul_dtype", MATMUL_DTYPES)
   positions.check_config(cfg)  # an unknown kind, its keys, another kind's keys, its length limit

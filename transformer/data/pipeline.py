@@ -85,7 +85,7 @@ def prepared_vocabulary(data: ml_collections.ConfigDict, seed: int, text: SplitT
   if workdir is None:
     return vocab_lib.cached_vocab(data, opener, seed, pairs)
   vocab_lib.vocab_for_run(workdir, data, opener, seed, pairs)
-  return Path(workdir) / vocab_lib.VOCAB_FILE
+  return vocab_lib.run_vocab_path(workdir)
 
 
 def training_inputs(cfg: ml_collections.ConfigDict, workdir: Path, num_devices: int

@@ -31,6 +31,7 @@ import numpy as np
 import sentencepiece as spm
 
 from transformer.data import sources
+from transformer.data.marian_vocab import MARIAN_VOCAB_FILE, MarianVocab
 from transformer.data.sources import DataError
 from transformer.files import (
   exclusive,
@@ -132,9 +133,12 @@ def _model_proto():
   return sentencepiece_model_pb2
 
 
-def load_vocab(path: str | os.PathLike) -> spm.SentencePieceProcessor:
+def load_vocab(path: str | os.PathLike) -> spm.SentencePieceProcessor | MarianVocab:
+  """A SentencePiece model, or an imported Marian model's two (a .marian bundle: marian_vocab.py)."""
   if not Path(path).is_file():
     raise DataError(f"vocabulary file not found: {path}")
+  if Path(path).suffix == ".marian":
+    return MarianVocab(Path(path).read_bytes(), str(path))
   try:
     return spm.SentencePieceProcessor(model_file=str(path))
   except (RuntimeError, OSError) as e:
@@ -155,6 +159,8 @@ def same_vocabulary(a: spm.SentencePieceProcessor, b: spm.SentencePieceProcessor
   Reading the model needs SentencePiece's generated protobuf module, which refuses a protobuf
   runtime older than the one it was generated for; with such a runtime the files' bytes are
   compared instead (stricter: never calls two different vocabularies the same)."""
+  if isinstance(a, MarianVocab) or isinstance(b, MarianVocab):
+    return a.serialized_model_proto() == b.serialized_model_proto()
   if _model_proto() is None:
     log.warning("cannot read SentencePiece models with this protobuf; comparing vocabularies "
                 "byte for byte")
@@ -163,11 +169,17 @@ def same_vocabulary(a: spm.SentencePieceProcessor, b: spm.SentencePieceProcessor
           == reproducible(b.serialized_model_proto()))
 
 
+def run_vocab_path(workdir: str | os.PathLike) -> Path:
+  """The run's vocabulary file: WORKDIR/vocab.model, or an imported Marian model's vocab.marian."""
+  marian = Path(workdir) / MARIAN_VOCAB_FILE
+  return marian if marian.is_file() else Path(workdir) / VOCAB_FILE
+
+
 def load_run_vocab(workdir: str | os.PathLike, data: ml_collections.ConfigDict
-                   ) -> spm.SentencePieceProcessor:
-  """WORKDIR/vocab.model, checked against the run's config.data.vocab_size (the number of embedding
-  rows in its checkpoints)."""
-  path = Path(workdir) / VOCAB_FILE
+                   ) -> spm.SentencePieceProcessor | MarianVocab:
+  """The run's vocabulary (`run_vocab_path`), checked against its config.data.vocab_size (the
+  number of embedding rows in its checkpoints)."""
+  path = run_vocab_path(workdir)
   if not path.is_file():
     raise DataError(f"vocabulary file not found: {path}; a run's checkpoints need the vocabulary "
                     "they were trained with: copy that run's vocab.model back")
@@ -210,10 +222,10 @@ def cached_vocab_path(data: ml_collections.ConfigDict, seed: int, corpus_pairs: 
 
 def vocab_for_run(workdir: str | os.PathLike, data: ml_collections.ConfigDict, source,
                   seed: int, corpus_pairs: int | None = None) -> spm.SentencePieceProcessor:
-  """The run's vocabulary: WORKDIR/vocab.model if present (resume); else a copy of the cached one for
-  this dataset and setting (`cached_vocab`)."""
+  """The run's vocabulary: WORKDIR's if present (resume, or a run started from another's
+  parameters); else a copy of the cached one for this dataset and setting (`cached_vocab`)."""
   path = Path(workdir) / VOCAB_FILE
-  if path.is_file():
+  if run_vocab_path(workdir).is_file():
     return load_run_vocab(workdir, data)
   write_atomically(path, cached_vocab(data, source, seed, corpus_pairs).read_bytes())
   return load_vocab(path)

@@ -21,13 +21,14 @@ search only chooses tokens. Searches are registered by name in decoding/__init__
 from __future__ import annotations
 
 import abc
+import functools
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import flax
 import jax
 import jax.numpy as jnp
 
-from transformer.model.transformer import BOS_ID, EOS_ID, PAD_ID
+from transformer.model.transformer import EOS_ID
 
 if TYPE_CHECKING:
   from transformer.decoding.options import Option
@@ -94,15 +95,17 @@ class Search(abc.ABC):
     return {"search": self.name, **{option.name: getattr(self, option.name) for option in self.OPTIONS}}
 
 
-def allowed(log_probs: jax.Array, at_limit: jax.Array, too_short: jax.Array) -> jax.Array:
-  """`log_probs` [R, G, V] with PAD and BOS forbidden everywhere, every token but EOS in the rows
-  `at_limit` [R], and EOS in the rows `too_short` [R]."""
+def allowed(log_probs: jax.Array, at_limit: jax.Array, too_short: jax.Array,
+            never: tuple[int, ...]) -> jax.Array:
+  """`log_probs` [R, G, V] with the ids `never` (padding and the decoder's start token:
+  ModelConfig.never_written) forbidden everywhere, every token but EOS in the rows `at_limit` [R],
+  and EOS in the rows `too_short` [R]."""
   token = jnp.arange(log_probs.shape[-1])
   # Masks of the full [R, G, V] shape: XLA's CPU loop over a mask broadcast along G ran 2x slower.
   per_row = lambda rows: jnp.broadcast_to(rows[:, None], log_probs.shape[:2])[..., None]
   at_limit, too_short = per_row(at_limit), per_row(too_short)
-  forbidden = ((token == PAD_ID) | (token == BOS_ID) | (at_limit & (token != EOS_ID))
-               | (too_short & (token == EOS_ID)))
+  forbidden = (functools.reduce(jnp.logical_or, [token == i for i in never])
+               | (at_limit & (token != EOS_ID)) | (too_short & (token == EOS_ID)))
   return jnp.where(forbidden, IMPOSSIBLE, log_probs)
 
 

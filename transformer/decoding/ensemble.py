@@ -62,6 +62,11 @@ class Ensemble:
                            mutable=[kv_cache.SELF, kv_cache.SOURCE], method=Transformer.decode)
     return cache[kv_cache.SOURCE]
 
+  @property
+  def never_written(self) -> tuple[int, ...]:
+    """The ids no search writes: every member's padding and start token."""
+    return tuple(sorted({i for model in self.models for i in model.config.never_written}))
+
   def _batch_axis(self, i: int) -> int:
     return 1 if self.models[i].config.scan_layers else 0
 

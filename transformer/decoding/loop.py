@@ -88,7 +88,7 @@ def run(search: Search, ensemble: Ensemble, limits: jax.Array, min_len: jax.Arra
     log_probs, caches = ensemble(state.caches, state.sentence, tokens, state.position,
                                  history_mask(origin, state.position))
     log_probs = allowed(log_probs, state.position + 1 >= limit,
-                        state.position < min_len_of[state.sentence])
+                        state.position < min_len_of[state.sentence], ensemble.never_written)
     found = search.update(state.search, Step(log_probs, origin, state.position, limit,
                                              state.sentence))
     position = state.position + 1

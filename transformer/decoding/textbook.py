@@ -57,10 +57,12 @@ def next_log_probs(model: Transformer, params: Any, src_row: np.ndarray,
   return logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
 
 
-def _allowed(log_probs: np.ndarray, length: int, limit: int, min_len: int) -> np.ndarray:
-  """Forbids PAD and BOS, every token but EOS at the limit, EOS before `min_len` tokens."""
+def _allowed(log_probs: np.ndarray, length: int, limit: int, min_len: int,
+             never: tuple[int, ...]) -> np.ndarray:
+  """Forbids `never` (padding and the start token), every token but EOS at the limit, EOS before
+  `min_len` tokens."""
   log_probs = log_probs.copy()
-  log_probs[..., [PAD_ID, BOS_ID]] = -np.inf
+  log_probs[..., list(never)] = -np.inf
   if length + 1 >= limit:
     log_probs[..., np.arange(log_probs.shape[-1]) != EOS_ID] = -np.inf
   if length < min_len:
@@ -80,7 +82,7 @@ def beam_search(model: Transformer, params: Any, src_row: np.ndarray, limit: int
   shape = padded_shape(model, limit, beam_size)
   for length in range(limit):
     log_probs = _allowed(next_log_probs(model, params, src_row, [s for s, _ in alive], shape),
-                         length, limit, min_len)
+                         length, limit, min_len, model.config.never_written)
     candidates = sorted(((score + log_probs[i, token], i * log_probs.shape[1] + token, seq + (token,))
                          for i, (seq, score) in enumerate(alive)
                          for token in np.flatnonzero(log_probs[i] > -np.inf)),
@@ -104,7 +106,7 @@ def greedy_search(model: Transformer, params: Any, src_row: np.ndarray, limit: i
   shape = padded_shape(model, limit, 1)
   while not seq or (seq[-1] != EOS_ID and len(seq) < limit):
     log_probs = _allowed(next_log_probs(model, params, src_row, [seq], shape)[0], len(seq),
-                         limit, min_len)
+                         limit, min_len, model.config.never_written)
     token = int(np.argmax(log_probs))
     seq, total = seq + (token,), total + float(log_probs[token])
   return seq, total

@@ -45,7 +45,7 @@ def average_checkpoints(workdir: str, last: int, output: str, step: int | None =
     state = state.replace(ema_params=run.ema_params)
   steps, data_state = run.steps, run.data_state
   output.mkdir(parents=True, exist_ok=True)
-  for name in (checkpoints.CONFIG_FILE, vocab_lib.VOCAB_FILE):
+  for name in (checkpoints.CONFIG_FILE, vocab_lib.run_vocab_path(workdir).name):
     shutil.copyfile(workdir / name, output / name)
   with contextlib.closing(checkpoints.manager(output, keep=1)) as target:
     checkpoints.save(target, steps[-1], state, data_state)

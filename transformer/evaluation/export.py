@@ -40,7 +40,8 @@ from transformer.errors import ConfigError
 from transformer.evaluation import marian
 from transformer.files import writable_directory
 from transformer.model import positions
-from transformer.model.transformer import LAYER_NORM_EPSILON, ModelConfig, layer_params
+from transformer.model.transformer import ModelConfig, layer_params
+from transformer.tokens import EOS_ID, UNK_ID
 from transformer.training import checkpoints
 from transformer.training.workdir import load_run
 
@@ -167,10 +168,15 @@ def ctranslate2_spec(config: ModelConfig, params: Any, pieces: list[str], max_po
                    self_attention=False)
       _feed_forward(layer_spec.ffn, layer["ffn"], layer["ffn_norm"])
   decoder.projection.weight = output_embed
+  if config.output_bias:
+    decoder.projection.bias = params["decoder"]["output_bias"]
   kind.export(config, params, encoder, decoder, max_positions)
   spec = spec_lib.TransformerSpec(encoder, decoder)
-  spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
+  spec.config.layer_norm_epsilon = config.layer_norm_epsilon
   spec.config.add_source_eos = True
+  spec.config.decoder_start_token = pieces[config.start_id]
+  spec.config.bos_token, spec.config.eos_token = pieces[config.start_id], pieces[EOS_ID]
+  spec.config.unk_token = pieces[UNK_ID]
   spec.register_source_vocabulary(pieces)
   spec.register_target_vocabulary(pieces)
   spec.validate()

@@ -12,9 +12,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from transformer.tokens import BOS_ID, PAD_ID
+
 # The feed-forward nonlinearities: the paper's ReLU; swish (SiLU, x * sigmoid(x): OPUS-MT's Marian
 # models); GELU, exact (with erf, as Transformers' and CTranslate2's 'gelu').
 ACTIVATIONS = ("relu", "swish", "gelu")
+# The decoder's first input token: ours, BOS; or Marian's (OPUS-MT), the padding token.
+DECODER_STARTS = {"bos": BOS_ID, "pad": PAD_ID}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +48,9 @@ class ModelConfig:
   decoder_layers: int = 0   # 0 = num_layers, the paper's N for both stacks
   position_options: tuple[tuple[str, Any], ...] = ()  # the kinds' own keys (positions.option)
   activation: str = "relu"  # the feed-forward layers' nonlinearity, one of ACTIVATIONS
+  output_bias: bool = False  # a learned per-word bias added to the logits
+  decoder_start: str = "bos"  # the decoder's first input, a key of DECODER_STARTS
+  layer_norm_epsilon: float = 1e-6  # added to the variance in every LayerNorm
 
   @property
   def num_decoder_layers(self) -> int:
@@ -59,6 +66,16 @@ class ModelConfig:
     return cls(vocab_size=vocab_size, dtype=jnp.dtype(model.dtype),
                matmul_dtype=None if model.matmul_dtype == "float32" else jnp.dtype(model.matmul_dtype),
                position_options=options, **{name: model[name] for name in fields})
+
+  @property
+  def start_id(self) -> int:
+    """The token the decoder reads at every target's position 0, whatever the input holds there."""
+    return DECODER_STARTS[self.decoder_start]
+
+  @property
+  def never_written(self) -> tuple[int, ...]:
+    """The ids no search writes: padding and the start token."""
+    return tuple(sorted({PAD_ID, self.start_id}))
 
   @property
   def key_dim(self) -> int:

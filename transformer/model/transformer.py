@@ -189,11 +189,10 @@ def residual(config: ModelConfig, x: jax.Array, sublayer: Callable[[jax.Array], 
   return norm(x + drop(sublayer(x)))
 
 
-LAYER_NORM_EPSILON = 1e-6  # tensor2tensor's and the Flax WMT example's (exports carry it over)
 
 
 def _layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
-  return nn.LayerNorm(epsilon=LAYER_NORM_EPSILON, dtype=config.dtype, name=name,
+  return nn.LayerNorm(epsilon=config.layer_norm_epsilon, dtype=config.dtype, name=name,
                       scale_init=_init(nn.initializers.ones_init(), "embed"),
                       bias_init=_init(_zeros, "embed"))
 
@@ -309,8 +308,9 @@ class Decoder(nn.Module):
                self_mask: jax.Array | None = None, src_segments: jax.Array | None = None,
                tgt_segments: jax.Array | None = None, tgt_positions: jax.Array | None = None,
                project: bool = True) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """Logits [B, T, V]; with `project` False the decoder's output [B, T, D] and the output matrix
-    [V, D] as the projection would multiply them (training's chunked loss projects them itself)."""
+    """Logits [B, T, V]; with `project` False the decoder's output [B, T, D], the output matrix
+    [V, D] as the projection would multiply them and the output bias [V] or None (training's
+    chunked loss projects them itself)."""
     cfg = self.config
     if decode:  # tgt_in [B, G]: G hypotheses per sentence at position `step` (scalar or [B]).
       positions = jnp.broadcast_to(step, tgt_in.shape[:1])[:, None]
@@ -324,6 +324,8 @@ class Decoder(nn.Module):
       positions = key_positions = tgt_positions
       self_mask = causal_mask(tgt_in) & segment_mask(tgt_segments, tgt_segments)
       cross_mask = segment_mask(tgt_segments, src_segments)
+    if cfg.start_id != BOS_ID:  # inputs and searches put BOS at position 0; this model starts
+      tgt_in = jnp.where(positions == 0, cfg.start_id, tgt_in)  # from another token (Marian's pad)
     kind = positional.get(cfg.positional)(cfg, name="positions")
     x = kind.embed(embed_tokens(cfg, self.embed, tgt_in), positions)
     x = constrain(nn.Dropout(cfg.dropout)(x, deterministic=deterministic), "batch", "length",
@@ -339,9 +341,12 @@ class Decoder(nn.Module):
       matrix = self.param("output_embedding",
                           _init(nn.initializers.normal(cfg.d_model ** -0.5), "vocab", "embed"),
                           (cfg.vocab_size, cfg.d_model))
+    bias = (self.param("output_bias", _init(nn.initializers.zeros, "vocab"), (cfg.vocab_size,))
+            if cfg.output_bias else None)
     product_dtype = cfg.vocab_matmul_dtype or cfg.matmul_dtype
     if not project:
-      return x.astype(cfg.dtype), matrix if product_dtype else jnp.asarray(matrix, cfg.dtype)
+      return (x.astype(cfg.dtype), matrix if product_dtype else jnp.asarray(matrix, cfg.dtype),
+              bias)
     if decode and self.has_variable("params", SEARCH_MATRIX):  # translator.search_params
       logits = search_logits(x.astype(cfg.dtype), self.get_variable("params", SEARCH_MATRIX),
                              product_dtype)
@@ -349,6 +354,8 @@ class Decoder(nn.Module):
       logits = output_logits(x.astype(cfg.dtype), jnp.asarray(matrix, cfg.dtype))
     else:  # the matrix as stored (float32, or bf16 for quantised decoding), rounded for the product
       logits = output_logits(x.astype(cfg.dtype), matrix, product_dtype)
+    if bias is not None:
+      logits = logits + bias
     return constrain(logits, "batch", "length", "act_vocab")
 
 
@@ -390,7 +397,7 @@ class Transformer(nn.Module):
                project: bool = True) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Teacher-forced logits. Packed rows (several pairs per row) pass segment ids (1, 2, ... per
     pair, 0 for padding) and per-pair positions for both sides; attention stays within a pair.
-    With `project` False: the decoder's output and the output matrix instead of logits."""
+    With `project` False: the decoder's output, the output matrix and bias instead of logits."""
     encoded = self.encode(src, deterministic, src_segments, src_positions)
     return self.decode(encoded, src, tgt_in, deterministic, src_segments=src_segments,
                        tgt_segments=tgt_segments, tgt_positions=tgt_positions, project=project)

@@ -38,15 +38,18 @@ def loss_sums(logits: jax.Array, targets: jax.Array, smoothing: float) -> dict[s
 
 
 def projected_loss_sums(x: jax.Array, matrix: jax.Array, targets: jax.Array, smoothing: float,
-                        product_dtype: Any, chunks: int) -> dict[str, jax.Array]:
-  """`loss_sums` of the logits x [B, T, D] . matrix [V, D]^T (a product in `product_dtype` with
-  float32 sums, as model/vocab_projection.py's), computed `chunks` target positions' worth at a
-  time. T is padded to a multiple of `chunks` (the padding carries PAD targets: it counts nothing)."""
+                        product_dtype: Any, chunks: int, bias: jax.Array | None = None
+                        ) -> dict[str, jax.Array]:
+  """`loss_sums` of the logits x [B, T, D] . matrix [V, D]^T (+ `bias` [V] where the model has
+  one; a product in `product_dtype` with float32 sums, as model/vocab_projection.py's), computed
+  `chunks` target positions' worth at a time. T is padded to a multiple of `chunks` (the padding
+  carries PAD targets: it counts nothing)."""
   pad = -x.shape[1] % chunks
   if pad:
     x = jnp.pad(x, ((0, 0), (0, pad), (0, 0)))
     targets = jnp.pad(targets, ((0, 0), (0, pad)), constant_values=PAD_ID)
-  losses = _projected_token_losses(x, matrix, targets, smoothing, jnp.dtype(product_dtype), chunks)
+  losses = _projected_token_losses(x, matrix, bias, targets, smoothing, jnp.dtype(product_dtype),
+                                   chunks)
   return _sums(*losses, targets)
 
 
@@ -120,47 +123,53 @@ def _unchunked(a: jax.Array) -> jax.Array:
   return jnp.moveaxis(a, 0, 1).reshape(b, chunks * t, *a.shape[3:])
 
 
-def _project(x: jax.Array, matrix: jax.Array, dtype: Any) -> jax.Array:
+def _project(x: jax.Array, matrix: jax.Array, bias: jax.Array | None, dtype: Any) -> jax.Array:
   with jax.named_scope("output_logits"):  # as model/vocab_projection.py names it, for profiles
-    return jnp.einsum("btd,vd->btv", x.astype(dtype), matrix.astype(dtype),
-                      preferred_element_type=jnp.float32)
+    logits = jnp.einsum("btd,vd->btv", x.astype(dtype), matrix.astype(dtype),
+                        preferred_element_type=jnp.float32)
+    return logits if bias is None else logits + bias
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _projected_token_losses(x, matrix, targets, smoothing, dtype, chunks):
-  return _projected_fwd(x, matrix, targets, smoothing, dtype, chunks)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _projected_token_losses(x, matrix, bias, targets, smoothing, dtype, chunks):
+  return _projected_fwd(x, matrix, bias, targets, smoothing, dtype, chunks)[0]
 
 
-def _projected_fwd(x, matrix, targets, smoothing, dtype, chunks):
+def _projected_fwd(x, matrix, bias, targets, smoothing, dtype, chunks):
   def chunk(_, inputs):
     x_c, targets_c = inputs
-    losses, log_z = _stats(_project(x_c, matrix, dtype), targets_c, smoothing)
+    losses, log_z = _stats(_project(x_c, matrix, bias, dtype), targets_c, smoothing)
     return None, (*losses, log_z)
   _, outputs = jax.lax.scan(chunk, None, (_chunked(x, chunks), _chunked(targets, chunks)))
   loss, nll, correct, log_z = map(_unchunked, outputs)
-  return (loss, nll, correct), (x, matrix, targets, log_z)
+  return (loss, nll, correct), (x, matrix, bias, targets, log_z)
 
 
 def _projected_bwd(smoothing, dtype, chunks, residuals, cotangents):
-  x, matrix, targets, log_z = residuals
+  x, matrix, bias, targets, log_z = residuals
   d_loss, d_nll, _ = cotangents
 
-  def chunk(d_matrix, inputs):
+  def chunk(carry, inputs):
+    d_matrix, d_bias = carry
     x_c, targets_c, log_z_c, d_loss_c, d_nll_c = inputs
     with jax.named_scope("output_logits_grad"):
-      d_logits = _logits_grad(_project(x_c, matrix, dtype), log_z_c, targets_c, d_loss_c, d_nll_c,
-                              smoothing)
+      d_logits = _logits_grad(_project(x_c, matrix, bias, dtype), log_z_c, targets_c, d_loss_c,
+                              d_nll_c, smoothing)
       d_x = jnp.einsum("btv,vd->btd", d_logits.astype(dtype), matrix.astype(dtype),
                        preferred_element_type=jnp.float32)
       # [tokens, D]^T x [tokens, V] as a 2-D product, as model/vocab_projection.py's backward
       d_matrix += jax.lax.dot_general(
           x_c.reshape(-1, x.shape[-1]), d_logits.astype(x.dtype).reshape(-1, d_logits.shape[-1]),
           (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32).T
-    return d_matrix, d_x.astype(x.dtype)
+      if d_bias is not None:
+        d_bias += d_logits.sum((0, 1))
+    return (d_matrix, d_bias), d_x.astype(x.dtype)
 
   inputs = tuple(_chunked(a, chunks) for a in (x, targets, log_z, d_loss, d_nll))
-  d_matrix, d_x = jax.lax.scan(chunk, jnp.zeros(matrix.shape, jnp.float32), inputs)
-  return _unchunked(d_x), d_matrix.astype(matrix.dtype), None
+  zeros = lambda a: None if a is None else jnp.zeros(a.shape, jnp.float32)
+  (d_matrix, d_bias), d_x = jax.lax.scan(chunk, (zeros(matrix), zeros(bias)), inputs)
+  return (_unchunked(d_x), d_matrix.astype(matrix.dtype),
+          None if bias is None else d_bias.astype(bias.dtype), None)
 
 
 _projected_token_losses.defvjp(_projected_fwd, _projected_bwd)

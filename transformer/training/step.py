@@ -183,8 +183,9 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_rng: jax.
   def loss_fn(params, micro, micro_rng):
     kwargs = dict(deterministic=False, rngs={"dropout": micro_rng})
     if loss_chunks:
-      x, matrix = forward(state.apply_fn, params, micro, project=False, **kwargs)
-      sums = projected_loss_sums(x, matrix, micro["tgt"], smoothing, product_dtype, loss_chunks)
+      x, matrix, bias = forward(state.apply_fn, params, micro, project=False, **kwargs)
+      sums = projected_loss_sums(x, matrix, micro["tgt"], smoothing, product_dtype, loss_chunks,
+                                 bias)
     else:
       sums = loss_sums(forward(state.apply_fn, params, micro, **kwargs), micro["tgt"], smoothing)
     return sums["loss"], sums
