@@ -126,13 +126,13 @@ def test_config_and_generation_settings_are_the_runs():
   assert settings["activation_function"] == "relu" and settings["scale_embedding"] is True
   assert (settings["pad_token_id"], settings["eos_token_id"], settings["decoder_start_token_id"]) == (
       PAD_ID, EOS_ID, BOS_ID)
-  generation = marian.generation_settings(cfg, 60)
+  generation = marian.generation_settings(cfg, config, 60)
   assert generation["num_beams"] == 5 and generation["length_penalty"] == 0.7
   assert generation["max_length"] == 61  # 60 output tokens after the start token
   assert sorted(generation["suppress_tokens"]) == sorted([PAD_ID, BOS_ID])
   assert generation["forced_eos_token_id"] == EOS_ID and "min_new_tokens" not in generation
   cfg.decode.min_len = 1
-  assert marian.generation_settings(cfg, 60)["min_new_tokens"] == 1
+  assert marian.generation_settings(cfg, config, 60)["min_new_tokens"] == 1
 
 
 def test_the_additive_kinds_are_exported_and_every_other_is_refused_in_one_line():
@@ -165,7 +165,7 @@ def test_layouts_marian_cannot_hold_are_refused(overrides, message):
 
 # ------------------------------------------------------------------- the engine (torch, transformers)
 
-def load_marian(tmp_path, config, params, rows=ROWS, scale=marian.SCALE, resaved=True):
+def load_marian(tmp_path, config, params, rows=ROWS, scale=None, resaved=True):
   """MarianMTModel.from_pretrained of the tensors and model config the export writes, by default
   saved again by Transformers and loaded from there (what push_to_hub and a Trainer's saves do)."""
   from safetensors.numpy import save_file
@@ -233,7 +233,7 @@ def test_where_marians_layer_norm_epsilon_would_matter_the_scaled_stream_compute
   params = jax.tree_util.tree_map_with_path(
       lambda path, x: x * 0 + 0.003 if "norm" in jax.tree_util.keystr(path) else x,
       init_params(model, seed=1))
-  engine = load_marian(tmp_path, config, params, scale=marian.SCALE if scaled else 1.0)
+  engine = load_marian(tmp_path, config, params, scale=None if scaled else 1.0)
   src = random_tokens(np.random.default_rng(0), 4, 14, VOCAB, lengths=[14, 5, 3, 2])
   tgt = random_tokens(np.random.default_rng(1), 4, 20, VOCAB, lengths=[20, 4, 11, 2])
   ours = np.asarray(decoding.forced_log_probs(model, params, jnp.asarray(src), jnp.asarray(tgt)))
@@ -266,7 +266,7 @@ def test_transformers_greedy_search_writes_our_greedy_outputs(tmp_path):
   cfg = base_config()
   cfg.decode.beam_size = 1
   engine = load_marian(tmp_path, config, params)
-  settings = GenerationConfig(**marian.generation_settings(cfg, ROWS))
+  settings = GenerationConfig(**marian.generation_settings(cfg, config, ROWS))
   with torch.no_grad():
     out = engine.generate(input_ids=torch.tensor(src), attention_mask=torch.tensor(src != PAD_ID),
                           generation_config=settings).numpy()

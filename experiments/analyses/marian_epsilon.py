@@ -1,8 +1,9 @@
 """Marian's LayerNorm epsilon (1e-5) against ours (1e-6), measured on trained runs: Transformers'
 log-probabilities of validation references under the exported model beside ours, with the residual
-stream scaled by sqrt(10) from each stack's first LayerNorm on (what transformer-export writes: every
-LayerNorm but those two then computes ours exactly, and the model survives a re-save) and
-unscaled (every LayerNorm at Marian's epsilon).
+stream scaled from each stack's first LayerNorm on by sqrt(10) (every LayerNorm but those two then
+computes ours exactly) or by 4 (what transformer-export writes: exact to scale, so an import gives
+the run back; the LayerNorms then compute epsilon 6.25e-7), and unscaled (every LayerNorm at
+Marian's epsilon).
 
     python -m experiments.analyses.marian_epsilon RUN [RUN ...] --pairs=300 \
       --out=experiments/results/marian_epsilon/RECORD.json
@@ -54,7 +55,8 @@ def differences(workdir: Path, pairs: int, batch: int = 50) -> dict:
   rows = export.default_max_positions(cfg)
   result = {"workdir": str(workdir), "step": run.steps[-1], "pairs": len(src),
             "tokens": sum(map(len, tgt))}
-  for name, scale in (("scaled", marian.SCALE), ("unscaled", 1.0)):
+  for name, scale in (("scaled", float(np.sqrt(10.0))), ("power_of_two", marian.stream_scale(config)),
+                      ("unscaled", 1.0)):
     with tempfile.TemporaryDirectory() as folder:
       save_file(marian.marian_tensors(config, params, rows, scale), f"{folder}/model.safetensors",
                 metadata={"format": "pt"})
@@ -91,6 +93,7 @@ def main() -> None:
       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": runs}, indent=1) + "\n")
   for r in runs:
     print(f"{r['workdir']} (step {r['step']}, {r['tokens']} tokens): scaled max {r['scaled']['max']:.2e}, "
+          f"power of two max {r['power_of_two']['max']:.2e}, "
           f"unscaled max {r['unscaled']['max']:.2e} (mean {r['unscaled']['mean']:.2e})")
 
 

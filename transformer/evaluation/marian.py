@@ -37,18 +37,16 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
-import sentencepiece as spm
 
+from transformer.data import marian_vocab
 from transformer.data import vocab as vocab_lib
 from transformer.errors import ConfigError
 from transformer.model import positions
 from transformer.model.config import ModelConfig, layer_params
-from transformer.model.transformer import LAYER_NORM_EPSILON
-from transformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
 INSTALL = "pip install -e '.[huggingface]'"
 MARIAN_LAYER_NORM_EPSILON = 1e-5  # torch's nn.LayerNorm default, which Marian's layers keep
-SCALE = math.sqrt(MARIAN_LAYER_NORM_EPSILON / LAYER_NORM_EPSILON)  # of the residual stream
 
 
 def transformers_library():
@@ -91,98 +89,147 @@ def marian_order(d_model: int) -> np.ndarray:
   return np.concatenate([np.arange(0, d_model, 2), np.arange(1, d_model, 2)])
 
 
+def stream_scale(config: ModelConfig) -> float:
+  """How many times ours the residual stream is carried in the export (`marian_tensors`): the
+  power of two nearest sqrt(Marian's epsilon / the model's), 4 for the paper's 1e-6 (1 for a model
+  at Marian's). A power of two scales every tensor exactly, so an import gives the run back bit
+  for bit; Marian's LayerNorms then compute epsilon 1e-5 / 16 = 6.25e-7 in our units, not 1e-6
+  (measured with sqrt(10) and unscaled in experiments/results/marian_epsilon/)."""
+  return 2.0 ** round(math.log2(math.sqrt(MARIAN_LAYER_NORM_EPSILON / config.layer_norm_epsilon)))
+
+
 class _Stream:
-  """Ours to Marian's for tensors that touch the residual stream: its coordinates in Marian's
-  order (`marian_order`); `scale`: how many times ours the stream they read or write is there
-  (`marian_tensors` says where and why)."""
+  """Ours to Marian's and back for tensors that touch the residual stream: its coordinates in
+  Marian's order (`marian_order`), and `scale` times ours where the tensor reads or writes it
+  (`marian_tensors` says where and why). Each kind is a pair (to Marian's, back to ours); going
+  back computes in float64 with the float32 scale, so a round trip gives ours bit for bit."""
 
   def __init__(self, d_model: int):
     self.order = marian_order(d_model)
+    self.back = np.argsort(self.order)
 
-  def reads(self, kernel: np.ndarray, bias: np.ndarray, scale: float) -> dict[str, np.ndarray]:
-    """A projection of the stream (kernel [in, out]) as torch's Linear stores it (weight [out, in])."""
-    return {"weight": np.ascontiguousarray(kernel[self.order].T) / scale, "bias": bias.reshape(-1)}
+  def to_marian(self, kind: str, ours: np.ndarray, scale: float) -> np.ndarray:
+    if kind == "reads":  # a kernel [in, ...] reading the stream, as torch's Linear stores it
+      return np.ascontiguousarray(ours.reshape(ours.shape[0], -1)[self.order].T) / scale
+    if kind == "writes":  # a kernel [..., out] whose output joins the stream
+      return np.ascontiguousarray(ours.reshape(-1, ours.shape[-1])[:, self.order].T) * scale
+    if kind == "vector":  # rows on the stream: embeddings, LayerNorms, biases joining it
+      return ours[..., self.order] * scale
+    return ours.reshape(-1)  # 'plain': a bias off the stream
 
-  def writes(self, kernel: np.ndarray, bias: np.ndarray, scale: float) -> dict[str, np.ndarray]:
-    """A projection whose output joins the stream."""
-    return {"weight": np.ascontiguousarray(kernel[:, self.order].T) * scale,
-            "bias": bias.reshape(-1)[self.order] * scale}
-
-  def vectors(self, table: np.ndarray, scale: float = 1.0) -> np.ndarray:
-    """Rows on the stream (embeddings, position tables, LayerNorm gains and biases)."""
-    return table[..., self.order] * scale
-
-  def norm(self, norm: dict[str, np.ndarray], scale: float) -> dict[str, np.ndarray]:
-    """A LayerNorm whose output is `scale` times ours."""
-    return {"weight": self.vectors(norm["scale"], scale), "bias": self.vectors(norm["bias"], scale)}
-
-  def attention(self, attention: dict[str, Any], query_scale: float, memory_scale: float
-                ) -> dict[str, dict[str, np.ndarray]]:
-    """Head projections (kernels [D, H, K]) read the stream (queries at `query_scale`, keys and
-    values at `memory_scale`); the output ([H, K, D]) writes it at `query_scale`."""
-    heads = lambda d, scale: self.reads(d["kernel"].reshape(d["kernel"].shape[0], -1), d["bias"],
-                                        scale)
-    out = attention["out"]
-    return {"q_proj": heads(attention["query"], query_scale),
-            "k_proj": heads(attention["key"], memory_scale),
-            "v_proj": heads(attention["value"], memory_scale),
-            "out_proj": self.writes(out["kernel"].reshape(-1, out["kernel"].shape[-1]),
-                                    out["bias"], query_scale)}
-
-
-def _flatten(tree: dict[str, Any], prefix: str) -> dict[str, np.ndarray]:
-  out = {}
-  for name, value in tree.items():
-    if isinstance(value, dict):
-      out.update(_flatten(value, f"{prefix}{name}."))
+  def to_ours(self, kind: str, theirs: np.ndarray, scale: float, shape: tuple[int, ...]
+              ) -> np.ndarray:
+    scale, theirs = np.float64(np.float32(scale)), np.asarray(theirs, np.float64)
+    if kind == "reads":
+      out = (theirs.T * scale)[self.back]
+    elif kind == "writes":
+      out = (theirs.T / scale)[:, self.back]
+    elif kind == "vector":
+      out = (theirs / scale)[..., self.back]
     else:
-      out[prefix + name] = value
-  return out
+      out = theirs
+    return out.reshape(shape).astype(np.float32)
 
 
-def marian_tensors(config: ModelConfig, params: Any, rows: int, scale: float = SCALE
+def _attention(marian: str, ours: str, query_scale: float, memory_scale: float):
+  """Head projections (kernels [D, H, K]) read the stream (queries at `query_scale`, keys and
+  values at `memory_scale`); the output ([H, K, D]) writes it at `query_scale`."""
+  for projection, name, scale in (("q_proj", "query", query_scale), ("k_proj", "key", memory_scale),
+                                  ("v_proj", "value", memory_scale)):
+    yield f"{marian}.{projection}.weight", (ours, name, "kernel"), "reads", scale
+    yield f"{marian}.{projection}.bias", (ours, name, "bias"), "plain", 1.0
+  yield f"{marian}.out_proj.weight", (ours, "out", "kernel"), "writes", query_scale
+  yield f"{marian}.out_proj.bias", (ours, "out", "bias"), "vector", query_scale
+
+
+def _norm(marian: str, ours: str, scale: float):
+  """A LayerNorm whose output is `scale` times ours."""
+  yield f"{marian}.weight", (ours, "scale"), "vector", scale
+  yield f"{marian}.bias", (ours, "bias"), "vector", scale
+
+
+def _layout(config: ModelConfig, scale: float):
+  """(Marian's name, our path in the parameters, kind for _Stream, scale) for every tensor but the
+  position tables and final_logits_bias; the layers' paths are unrolled ('layer_i')."""
+  yield "model.shared.weight", ("embed", "embedding"), "vector", 1.0
+  for stack, count in (("encoder", config.num_layers), ("decoder", config.num_decoder_layers)):
+    for i in range(count):
+      before = 1.0 if i == 0 else scale  # the stream's scale entering the layer
+      last = stack == "decoder" and i == count - 1
+      layer = lambda path: (stack, f"layer_{i}", *path)
+      entries = [*_attention("self_attn", "self_attention", before, before),
+                 *_norm("self_attn_layer_norm", "self_attention_norm", scale),
+                 ("fc1.weight", ("ffn", "wi", "kernel"), "reads", scale),
+                 ("fc1.bias", ("ffn", "wi", "bias"), "plain", 1.0),
+                 ("fc2.weight", ("ffn", "wo", "kernel"), "writes", scale),
+                 ("fc2.bias", ("ffn", "wo", "bias"), "vector", scale),
+                 *_norm("final_layer_norm", "ffn_norm", 1.0 if last else scale)]
+      if stack == "decoder":  # the encoder's output, its memory, leaves at `scale` too
+        entries += [*_attention("encoder_attn", "cross_attention", scale, scale),
+                    *_norm("encoder_attn_layer_norm", "cross_attention_norm", scale)]
+      for name, path, kind, at in entries:
+        yield f"model.{stack}.layers.{i}.{name}", layer(path), kind, at
+
+
+def _leaf(params: Any, path: tuple[str, ...]) -> np.ndarray:
+  stack, rest = path[0], path[1:]
+  if rest and rest[0].startswith("layer_"):
+    params, rest = layer_params(params[stack], int(rest[0][len("layer_"):])), rest[1:]
+  else:
+    params = params[stack]
+  for key in rest:
+    params = params[key]
+  return params
+
+
+def marian_tensors(config: ModelConfig, params: Any, rows: int, scale: float | None = None
                    ) -> dict[str, np.ndarray]:
   """Every tensor of MarianMTModel's state, by its name there, float32 (tied ones once: the shared
   embedding; `lm_head` and both `embed_tokens` are tied to it when Transformers loads it), the
   residual stream in Marian's order (`marian_order`).
 
-  Marian's LayerNorms divide by sqrt(variance + 1e-5), ours by sqrt(variance + 1e-6), and its
-  config cannot change that. A LayerNorm is blind to its input's scale but for the epsilon:
-  LN_eps(c x) = LN_{eps / c^2}(x). So from the first LayerNorm of each stack on, the tensors carry
-  the stream `scale` = sqrt(10) times larger (LayerNorm gains and biases times c, projections
-  reading it divided by c, those writing it times c, the decoder's last LayerNorm times 1 for the
-  logits), and those LayerNorms compute ours exactly. Before it, the embeddings and position
-  tables stay ours: Transformers never saves the tables (a re-saved model recomputes Marian's own
-  at its next load), so they must be exactly what it computes. Only each stack's first LayerNorm
-  then differs from ours, by the epsilon, on a stream whose variance is about 1 (the scaled
-  embeddings plus the sinusoids): measured on trained runs in experiments/results/marian_epsilon/.
-  `scale=1` leaves every LayerNorm at Marian's epsilon (what that measurement compares)."""
+  Marian's LayerNorms divide by sqrt(variance + 1e-5), ours by sqrt(variance + epsilon) (the
+  paper's models: 1e-6), and its config cannot change that. A LayerNorm is blind to its input's
+  scale but for the epsilon: LN_eps(c x) = LN_{eps / c^2}(x). So from the first LayerNorm of each
+  stack on, the tensors carry the stream `scale` (default `stream_scale`: 4) times larger
+  (LayerNorm gains and biases times c, projections reading it divided by c, those writing it times
+  c, the decoder's last LayerNorm times 1 for the logits), and those LayerNorms compute ours
+  with epsilon 6.25e-7 (sqrt(10) would make it 1e-6 exactly, but dividing by it rounds: no import
+  could give the run back). Before it, the embeddings and position tables stay ours: Transformers never saves the
+  tables (a re-saved model recomputes Marian's own at its next load), so they must be exactly what
+  it computes. Only each stack's first LayerNorm then differs from ours, by the epsilon, on a
+  stream whose variance is about 1 (the scaled embeddings plus the sinusoids): measured on trained
+  runs in experiments/results/marian_epsilon/. `scale=1` leaves every LayerNorm at Marian's
+  epsilon (what that measurement compares). `marian_params` reads them back."""
   check_marian(config)
+  scale = stream_scale(config) if scale is None else scale
   params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
-  encoder_table, decoder_table = positions.get(config.positional).added_tables(config, params, rows)
   stream = _Stream(config.d_model)
-  tree: dict[str, Any] = {"model": {
-      "shared": {"weight": stream.vectors(params["embed"]["embedding"])},
-      "encoder": {"embed_positions": {"weight": stream.vectors(encoder_table)}, "layers": {}},
-      "decoder": {"embed_positions": {"weight": stream.vectors(decoder_table)}, "layers": {}}}}
-  for stack, count in (("encoder", config.num_layers), ("decoder", config.num_decoder_layers)):
-    for i in range(count):
-      ours = layer_params(params[stack], i)
-      ffn = ours["ffn"]
-      before = 1.0 if i == 0 else scale  # the stream's scale entering the layer
-      last = stack == "decoder" and i == count - 1
-      layer = {"self_attn": stream.attention(ours["self_attention"], before, before),
-               "self_attn_layer_norm": stream.norm(ours["self_attention_norm"], scale),
-               "fc1": stream.reads(ffn["wi"]["kernel"], ffn["wi"]["bias"], scale),
-               "fc2": stream.writes(ffn["wo"]["kernel"], ffn["wo"]["bias"], scale),
-               "final_layer_norm": stream.norm(ours["ffn_norm"], 1.0 if last else scale)}
-      if stack == "decoder":  # the encoder's output, its memory, leaves at `scale` too
-        layer["encoder_attn"] = stream.attention(ours["cross_attention"], scale, scale)
-        layer["encoder_attn_layer_norm"] = stream.norm(ours["cross_attention_norm"], scale)
-      tree["model"][stack]["layers"][str(i)] = layer
-  tensors = _flatten(tree, "")
-  tensors["final_logits_bias"] = np.zeros((1, config.vocab_size), np.float32)  # ours has none
+  tensors = {name: stream.to_marian(kind, _leaf(params, path), at)
+             for name, path, kind, at in _layout(config, scale)}
+  encoder_table, decoder_table = positions.get(config.positional).added_tables(config, params, rows)
+  for stack, table in (("encoder", encoder_table), ("decoder", decoder_table)):
+    tensors[f"model.{stack}.embed_positions.weight"] = stream.to_marian("vector", table, 1.0)
+  tensors["final_logits_bias"] = (params["decoder"]["output_bias"][None] if config.output_bias
+                                  else np.zeros((1, config.vocab_size), np.float32))
   return {name: np.ascontiguousarray(value, np.float32) for name, value in tensors.items()}
+
+
+def marian_params(config: ModelConfig, tensors: dict[str, np.ndarray], scale: float,
+                  shapes: Any) -> dict[str, Any]:
+  """Our parameters (unrolled layers; `shapes`: their tree, e.g. from jax.eval_shape) from a
+  MarianMTModel's `tensors` carried at `scale` (`marian_tensors`' inverse; the position tables
+  are not parameters)."""
+  stream = _Stream(config.d_model)
+  out: dict[str, Any] = {}
+  for name, path, kind, at in _layout(config, scale):
+    node = out
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = stream.to_ours(kind, tensors[name], at, _leaf(shapes, path).shape)
+  if config.output_bias:
+    out["decoder"]["output_bias"] = np.asarray(tensors["final_logits_bias"], np.float32).reshape(-1)
+  return out
 
 
 def resave_warning(config: ModelConfig) -> str | None:
@@ -196,6 +243,12 @@ def resave_warning(config: ModelConfig) -> str | None:
           "Share the exported folder as it is written, or export a run with sinusoidal positions")
 
 
+# Keys the export adds to Marian's config.json (Transformers keeps unknown keys through re-saves):
+# how many times ours its residual stream is (`marian_tensors`) and our LayerNorm epsilon, so that
+# transformer-import gives back the run's parameters bit for bit.
+STREAM_SCALE_KEY, EPSILON_KEY = "transformer_stream_scale", "transformer_layer_norm_epsilon"
+
+
 def marian_settings(config: ModelConfig, rows: int) -> dict[str, Any]:
   """MarianConfig's values for the model (config.json): sizes, special ids, training's dropout."""
   return dict(
@@ -206,49 +259,57 @@ def marian_settings(config: ModelConfig, rows: int) -> dict[str, Any]:
       decoder_attention_heads=config.num_heads, encoder_ffn_dim=config.d_ff,
       decoder_ffn_dim=config.d_ff, activation_function=config.activation, scale_embedding=True,
       dropout=config.dropout, attention_dropout=config.attention_dropout, activation_dropout=0.0,
-      pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID,
-      decoder_start_token_id=BOS_ID, forced_eos_token_id=EOS_ID,
-      share_encoder_decoder_embeddings=True, tie_word_embeddings=True, is_encoder_decoder=True)
+      pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=config.start_id,
+      decoder_start_token_id=config.start_id, forced_eos_token_id=EOS_ID,
+      share_encoder_decoder_embeddings=True, tie_word_embeddings=True, is_encoder_decoder=True,
+      **{STREAM_SCALE_KEY: stream_scale(config), EPSILON_KEY: config.layer_norm_epsilon})
 
 
-def generation_settings(cfg: ml_collections.ConfigDict, rows: int) -> dict[str, Any]:
-  """GenerationConfig's values: the run's beam and length-penalty exponent, PAD and BOS never
-  written (as our searches forbid them), EOS forced at the last of `rows` output positions (as
-  ours forces it at the limit), and the same stopping rule as ours ('never': a sentence is decided
-  once no live hypothesis can beat the finished ones at the limit). Its penalty is length^alpha,
-  not GNMT's ((5 + length) / 6)^alpha: the exponent carries over, the formula cannot."""
+def generation_settings(cfg: ml_collections.ConfigDict, config: ModelConfig, rows: int
+                        ) -> dict[str, Any]:
+  """GenerationConfig's values: the run's beam and length-penalty exponent, padding and the start
+  token never written (as our searches forbid them), EOS forced at the last of `rows` output
+  positions (as ours forces it at the limit), and the same stopping rule as ours ('never': a
+  sentence is decided once no live hypothesis can beat the finished ones at the limit). Its penalty
+  is length^alpha, not GNMT's ((5 + length) / 6)^alpha: the exponent carries over, the formula
+  cannot."""
   settings = dict(num_beams=cfg.decode.beam_size, length_penalty=float(cfg.decode.alpha),
                   early_stopping="never" if cfg.decode.beam_size > 1 else False,
                   max_length=rows + 1,  # the decoder start token counts, so `rows` output tokens
-                  decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
-                  pad_token_id=PAD_ID, forced_eos_token_id=EOS_ID, suppress_tokens=[PAD_ID, BOS_ID])
+                  decoder_start_token_id=config.start_id, bos_token_id=config.start_id,
+                  eos_token_id=EOS_ID, pad_token_id=PAD_ID, forced_eos_token_id=EOS_ID,
+                  suppress_tokens=list(config.never_written))
   if cfg.decode.min_len:
     settings["min_new_tokens"] = cfg.decode.min_len
   return settings
 
 
-def special_pieces(vocab: spm.SentencePieceProcessor) -> dict[str, str]:
-  """The tokenizer's special tokens: the run's own pieces at our fixed ids."""
-  return {"pad_token": vocab.id_to_piece(PAD_ID), "eos_token": vocab.id_to_piece(EOS_ID),
-          "unk_token": vocab.id_to_piece(UNK_ID)}
-
-
 def write_marian(directory: Path, cfg: ml_collections.ConfigDict, config: ModelConfig,
                  params: Any, vocab_file: Path, rows: int) -> None:
-  """Writes the model, its configs and its tokenizer into `directory` (which exists)."""
+  """Writes the model, its configs and its tokenizer into `directory` (which exists). The
+  tokenizer's two SentencePiece models are the run's one (both sides) or an imported run's two;
+  vocab.json numbers the pieces by our ids."""
   from safetensors.numpy import save_file
   transformers = transformers_library()
   vocab = vocab_lib.load_vocab(vocab_file)
   save_file(marian_tensors(config, params, rows), str(directory / "model.safetensors"),
             metadata={"format": "pt"})
   transformers.MarianConfig(**marian_settings(config, rows)).save_pretrained(directory)
-  transformers.GenerationConfig(**generation_settings(cfg, rows)).save_pretrained(directory)
+  transformers.GenerationConfig(**generation_settings(cfg, config, rows)).save_pretrained(directory)
   with tempfile.TemporaryDirectory() as scratch:
+    models = []
+    for name in ("source", "target"):
+      models.append(Path(scratch) / f"{name}.spm")
+      side = marian_vocab.side(vocab, name)
+      models[-1].write_bytes(side.model.serialized_model_proto() if hasattr(side, "model")
+                             else side.serialized_model_proto())
     pieces = Path(scratch) / "vocab.json"
     pieces.write_text(json.dumps({vocab.id_to_piece(i): i for i in range(vocab.get_piece_size())},
                                  ensure_ascii=False, indent=0))
+    special = {"pad_token": vocab.id_to_piece(PAD_ID), "eos_token": vocab.id_to_piece(EOS_ID),
+               "unk_token": vocab.id_to_piece(UNK_ID)}
     tokenizer = transformers.MarianTokenizer(
-        source_spm=str(vocab_file), target_spm=str(vocab_file), vocab=str(pieces),
+        source_spm=str(models[0]), target_spm=str(models[1]), vocab=str(pieces),
         source_lang=cfg.data.src_lang, target_lang=cfg.data.tgt_lang,
-        model_max_length=min(cfg.data.max_len, rows), **special_pieces(vocab))
+        model_max_length=min(cfg.data.max_len, rows), **special)
     tokenizer.save_pretrained(directory)

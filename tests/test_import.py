@@ -1,0 +1,202 @@
+"""transformer-import --format=huggingface: a Marian model built in Transformers (OPUS-MT's layout:
+EOS 0, unknown 1, padding last and the decoder starting from it, swish, a logit bias, two
+SentencePiece models over one vocab.json, all trained or drawn here) scores and translates after
+the import as Transformers does; a run exported and imported back is the run. Where torch and
+transformers are missing these are skipped with the install line."""
+
+import gzip
+import importlib.util
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import sentencepiece as spm
+from helpers import REPO, run_cli
+
+from transformer import decoding
+from transformer.data import marian_vocab
+from transformer.evaluation import marian
+from transformer.tokens import EOS_ID, PAD_ID
+from transformer.training.workdir import load_run
+
+needs_engine = pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in ("torch", "transformers")),
+    reason=f"importing a Marian model needs torch and transformers: {marian.INSTALL}")
+SENTENCES = 3000
+
+
+def train_spm(path, lines, size):
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(path),
+                                 vocab_size=size, model_type="bpe", character_coverage=1.0,
+                                 pad_id=-1, bos_id=-1, eos_id=0, unk_id=1, minloglevel=2)
+  return path.with_suffix(".model")
+
+
+def opus_like_marian(folder, activation, seed=0):
+  """A MarianMTModel with random weights (LayerNorms and the logit bias drawn too) and
+  MarianTokenizer over two SentencePiece models trained on the bundled Multi30k, saved in
+  `folder`: OPUS-MT's ids (EOS 0, unknown 1, padding last = the decoder's start)."""
+  import torch
+  from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+  data = REPO / "transformer" / "data" / "multi30k"
+  text = {lang: gzip.open(data / f"train.{lang}.gz", "rt").read().splitlines()[:SENTENCES]
+          for lang in ("en", "de")}
+  source, target = (train_spm(folder / f"spm_{lang}", text[lang], 150) for lang in ("en", "de"))
+  pieces = ["</s>", "<unk>"]
+  for model in (source, target):
+    processor = spm.SentencePieceProcessor(model_file=str(model))
+    pieces += [processor.id_to_piece(i) for i in range(2, processor.get_piece_size())
+               if processor.id_to_piece(i) not in pieces]
+  pieces.append("<pad>")
+  (folder / "vocab_in.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}))
+  tokenizer = MarianTokenizer(source_spm=str(source), target_spm=str(target),
+                              vocab=str(folder / "vocab_in.json"), source_lang="en",
+                              target_lang="de")
+  size, pad = len(pieces), len(pieces) - 1
+  config = MarianConfig(vocab_size=size, decoder_vocab_size=size, d_model=16, encoder_layers=2,
+                        decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                        encoder_ffn_dim=32, decoder_ffn_dim=32, activation_function=activation,
+                        max_position_embeddings=64, pad_token_id=pad, eos_token_id=0,
+                        decoder_start_token_id=pad, forced_eos_token_id=0, scale_embedding=True,
+                        share_encoder_decoder_embeddings=True)
+  torch.manual_seed(seed)
+  engine = MarianMTModel(config).eval()
+  with torch.no_grad():
+    for name, tensor in engine.named_parameters():
+      if "layer_norm" in name or name.endswith(".bias"):
+        tensor.add_(torch.randn_like(tensor) * 0.3)
+      elif "embed_positions" not in name:
+        tensor.normal_(0.0, 0.15)
+    engine.final_logits_bias.add_(torch.randn_like(engine.final_logits_bias))
+    engine.final_logits_bias[0, 0] += 2.0  # EOS: outputs that end before the length limit
+  out = folder / "marian"
+  engine.save_pretrained(out)
+  tokenizer.save_pretrained(out)
+  return out, MarianMTModel.from_pretrained(out).eval(), MarianTokenizer.from_pretrained(out)
+
+
+def imported(model, workdir):
+  done = run_cli("transformer.evaluation.marian_import", "--format=huggingface",
+                 f"--model={model}", f"--workdir={workdir}")
+  assert done.returncode == 0, done.stderr
+  assert f"imported {model} into {workdir}" in done.stdout
+  return load_run(workdir)
+
+
+@pytest.fixture(scope="module", params=["swish", "relu"])
+def opus(request, tmp_path_factory):
+  folder = tmp_path_factory.mktemp(f"opus_{request.param}")
+  path, engine, tokenizer = opus_like_marian(folder, request.param)
+  return engine, tokenizer, imported(path, folder / "run")
+
+
+SOURCES = ["A man in a blue shirt is standing on a ladder.", "Two dogs play in the snow.",
+           "A little girl climbs into a wooden playhouse.", "People are walking."]
+TARGETS = ["Ein Mann in einem blauen Hemd steht auf einer Leiter.", "Zwei Hunde spielen im Schnee.",
+           "Ein kleines Mädchen klettert in ein Spielhaus aus Holz.", "Leute gehen."]
+
+
+def padded(rows):
+  out = np.full((len(rows), max(map(len, rows))), PAD_ID, np.int32)
+  for i, row in enumerate(rows):
+    out[i, :len(row)] = row
+  return out
+
+
+@needs_engine
+def test_the_import_numbers_pieces_as_marians_tokenizer_cuts_them(opus):
+  engine, tokenizer, run = opus
+  config = run.model.config
+  assert (config.activation, config.decoder_start, config.output_bias) == (
+      {"swish": "swish", "relu": "relu"}[engine.config.activation_function], "pad", True)
+  assert config.layer_norm_epsilon == 1e-5 and isinstance(run.vocab, marian_vocab.MarianVocab)
+  for source, target in zip(SOURCES, TARGETS):
+    theirs = tokenizer(source).input_ids
+    ours = run.vocab.source.encode(source) + [EOS_ID]
+    assert [run.vocab.id_to_piece(i) for i in ours] == tokenizer.convert_ids_to_tokens(theirs)
+    theirs = tokenizer(text_target=target).input_ids
+    ours = run.vocab.target.encode(target) + [EOS_ID]
+    assert [run.vocab.id_to_piece(i) for i in ours] == tokenizer.convert_ids_to_tokens(theirs)
+    assert run.vocab.decode(ours[:-1]) == tokenizer.decode(theirs, skip_special_tokens=True)
+
+
+@needs_engine
+def test_the_imported_model_scores_targets_as_transformers_does(opus):
+  import torch
+  engine, tokenizer, run = opus
+  src = [run.vocab.source.encode(s) + [EOS_ID] for s in SOURCES]
+  tgt = [run.vocab.target.encode(t) + [EOS_ID] for t in TARGETS]
+  ours = np.asarray(decoding.forced_log_probs(run.model, run.params(), jnp.asarray(padded(src)),
+                                              jnp.asarray(padded(tgt))))
+  batch = tokenizer(SOURCES, text_target=TARGETS, padding=True, return_tensors="pt")
+  labels = batch["labels"]
+  start = torch.full_like(labels[:, :1], engine.config.decoder_start_token_id)
+  with torch.no_grad():
+    logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    decoder_input_ids=torch.cat([start, labels[:, :-1]], 1)).logits
+  theirs = torch.log_softmax(logits, -1).gather(-1, labels[..., None])[..., 0].numpy()
+  for i, row in enumerate(tgt):
+    np.testing.assert_allclose(ours[i, :len(row)], theirs[i, :len(row)], atol=1e-4)
+  assert np.abs(ours[ours != 0]).min() > 1e-3  # real scores, not a degenerate model
+
+
+@needs_engine
+def test_the_imported_model_searches_greedily_as_transformers_does(opus):
+  import torch
+  engine, tokenizer, run = opus
+  limit = 24
+  src = [run.vocab.source.encode(s) + [EOS_ID] for s in SOURCES]
+  ours = decoding.decode(decoding.BeamSearch(1, 0.0), run.model, run.params(),
+                         jnp.asarray(padded(src)), jnp.full((len(src),), limit), limit)
+  batch = tokenizer(SOURCES, padding=True, return_tensors="pt")
+  with torch.no_grad():
+    out = engine.generate(**batch, num_beams=1, do_sample=False, max_length=limit + 1,
+                          suppress_tokens=[engine.config.pad_token_id],
+                          forced_eos_token_id=0).numpy()
+  # Both force EOS at the limit (ours at its last position, theirs with forced_eos_token_id), so
+  # outputs that reach it compare too.
+  for i, row in enumerate(np.asarray(ours.tokens[:, 0])):
+    mine = [run.vocab.id_to_piece(t) for t in row if t != PAD_ID]
+    theirs = [p for p in tokenizer.convert_ids_to_tokens(out[i, 1:]) if p != "<pad>"]
+    assert mine == theirs
+  assert len({tuple(row) for row in np.asarray(ours.tokens[:, 0])}) > 1
+
+
+@needs_engine
+def test_a_run_exported_to_marian_and_imported_back_is_the_run(two_step_run, tmp_path):
+  """Through Transformers' own re-save: bit-identical parameters, identical translations."""
+  from transformers import MarianMTModel, MarianTokenizer
+  exported = tmp_path / "hf"
+  done = run_cli("transformer.evaluation.export", f"--workdir={two_step_run}",
+                 "--format=huggingface", f"--output={exported}")
+  assert done.returncode == 0, done.stderr
+  MarianMTModel.from_pretrained(exported).save_pretrained(tmp_path / "resaved")
+  MarianTokenizer.from_pretrained(exported).save_pretrained(tmp_path / "resaved")
+  original, back = load_run(two_step_run), imported(tmp_path / "resaved", tmp_path / "back")
+  for key in ("vocab_size", "num_layers", "num_decoder_layers", "d_model", "d_ff", "num_heads",
+              "positional", "activation", "output_bias", "decoder_start", "layer_norm_epsilon"):
+    assert getattr(back.model.config, key) == getattr(original.model.config, key), key
+  assert jax.tree.structure(back.params()) == jax.tree.structure(original.params())
+  for a, b in zip(jax.tree.leaves(original.params()), jax.tree.leaves(back.params())):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  sentences = SOURCES + ["A dog.", "Ein Hund."]
+  translations = []
+  for run in (original, back):
+    src = padded([run.vocab.encode(s) + [EOS_ID] for s in sentences])
+    found = decoding.decode(decoding.BeamSearch(4, 0.6), run.model, run.params(),
+                            jnp.asarray(src), jnp.full((len(src),), 20), 20)
+    translations.append([run.vocab.decode([t for t in row if t > EOS_ID])
+                         for row in np.asarray(found.tokens[:, 0])])
+  assert translations[0] == translations[1]
+
+
+def test_a_folder_that_holds_no_marian_model_is_refused_in_one_line(tmp_path):
+  if importlib.util.find_spec("transformers") is None:
+    pytest.skip(f"transformer-import needs transformers: {marian.INSTALL}")
+  done = run_cli("transformer.evaluation.marian_import", f"--model={tmp_path}",
+                 f"--workdir={tmp_path / 'run'}")
+  assert done.returncode != 0
+  assert f"--model={tmp_path}: Transformers cannot load a Marian model" in done.stderr
+  assert not (tmp_path / "run").exists()
