@@ -156,7 +156,6 @@ def _layout(config: ModelConfig, scale: float):
     for i in range(count):
       before = 1.0 if i == 0 else scale  # the stream's scale entering the layer
       last = stack == "decoder" and i == count - 1
-      layer = lambda path: (stack, f"layer_{i}", *path)
       entries = [*_attention("self_attn", "self_attention", before, before),
                  *_norm("self_attn_layer_norm", "self_attention_norm", scale),
                  ("fc1.weight", ("ffn", "wi", "kernel"), "reads", scale),
@@ -168,7 +167,7 @@ def _layout(config: ModelConfig, scale: float):
         entries += [*_attention("encoder_attn", "cross_attention", scale, scale),
                     *_norm("encoder_attn_layer_norm", "cross_attention_norm", scale)]
       for name, path, kind, at in entries:
-        yield f"model.{stack}.layers.{i}.{name}", layer(path), kind, at
+        yield f"model.{stack}.layers.{i}.{name}", (stack, f"layer_{i}", *path), kind, at
 
 
 def _leaf(params: Any, path: tuple[str, ...]) -> np.ndarray:
