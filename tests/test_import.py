@@ -200,3 +200,36 @@ def test_a_folder_that_holds_no_marian_model_is_refused_in_one_line(tmp_path):
   assert done.returncode != 0
   assert f"--model={tmp_path}: Transformers cannot load a Marian model" in done.stderr
   assert not (tmp_path / "run").exists()
+
+
+@needs_engine
+def test_a_fine_tune_of_an_import_starts_at_its_loss_and_lowers_it(opus, tmp_path):
+  """train.init_from: the architecture and vocabulary come with the parameters; the first step's
+  loss is the imported model's on that batch (nothing re-initialised), and training lowers it."""
+  from helpers import tiny_run_config
+
+  from transformer.data import pipeline
+  from transformer.data.loader import PipelineState
+  from transformer.metrics import read_metrics
+  from transformer.training.train import train_and_evaluate
+  _, _, run = opus
+  cfg = tiny_run_config(tmp_path)
+  cfg.train.init_from = str(run.workdir)
+  cfg.model.dropout = 0.0  # a training-only key the fine-tune sets itself
+  cfg.train.steps, cfg.train.log_every, cfg.train.eval_every = 40, 1, 40
+  cfg.train.warmup_steps, cfg.train.learning_rate = 10, 0.5
+  train_and_evaluate(cfg, str(tmp_path / "tuned"))
+  assert (tmp_path / "tuned" / marian_vocab.MARIAN_VOCAB_FILE).read_bytes() == (
+      run.workdir / marian_vocab.MARIAN_VOCAB_FILE).read_bytes()
+  records = read_metrics(tmp_path / "tuned", "train")
+  stored = json.loads((tmp_path / "tuned" / "config.json").read_text())
+  assert stored["model"]["activation"] == run.config.model.activation
+  assert stored["data"]["vocab_size"] == run.config.data.vocab_size
+  from transformer.training.checkpoints import load_run_config
+  _, loader, _ = pipeline.training_inputs(load_run_config(tmp_path / "tuned"), tmp_path / "tuned", 1)
+  batch, _ = next(loader.batches(PipelineState()))
+  scores = np.asarray(decoding.forced_log_probs(run.model, run.params(), jnp.asarray(batch["src"]),
+                                                jnp.asarray(batch["tgt"])))
+  expected = -scores.sum() / (batch["tgt"] != PAD_ID).sum()
+  assert records[0]["nll"] == pytest.approx(expected, rel=1e-4)
+  assert np.mean([r["nll"] for r in records[-5:]]) < 0.8 * records[0]["nll"]

@@ -117,6 +117,8 @@ def _train_keys() -> ml_collections.ConfigDict:
   """The optimizer, the loss and the loop's cadence (step.py, train.py)."""
   train = ml_collections.ConfigDict()
   train.steps = 100_000
+  train.init_from = ""              # a run folder (trained, or transformer-import's): start from its
+                                    # parameters, architecture and vocabulary (training/init_from.py).
   train.warmup_steps = 4000
   train.learning_rate = 1.0         # multiplier of d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
   train.cooldown_steps = 0          # > 0: the rate falls linearly towards 0 over the last this many of

@@ -39,7 +39,7 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from transformer.data import batching, workers
+from transformer.data import batching, marian_vocab, workers
 from transformer.data.sources import DataError
 from transformer.data.token_cache import TokenCache
 from transformer.host_memory import release_freed_memory
@@ -305,8 +305,9 @@ class MakeBatch:
       with _SAMPLER:  # SentencePiece's seed is global: one sampling call at a time per process
         spm.set_random_generator_seed(int(np.random.default_rng(
             [self.seed, self.sharding.index, int(g), side]).integers(2**31)))
-        sampled = vocab.encode(texts[side], enable_sampling=True,
-                                     alpha=self.subword["alpha"], nbest_size=-1, num_threads=1)
+        sampled = marian_vocab.side(vocab, ("source", "target")[side]).encode(
+            texts[side], enable_sampling=True, alpha=self.subword["alpha"], nbest_size=-1,
+            num_threads=1)
       chosen = []
       for i, ids in enumerate(sampled):
         if ids and len(ids) + 1 <= room[i]:

@@ -47,9 +47,10 @@ class MarianSide:
                                                                        **sampling)]
 
   def encode(self, text: str | Sequence[str], enable_sampling: bool = False, alpha: float = 0.1,
-             nbest_size: int = -1) -> list[int] | list[list[int]]:
+             nbest_size: int = -1, num_threads: int = 1) -> list[int] | list[list[int]]:
     """Ids of `text` (a sentence or a list of them), no EOS; with `enable_sampling`, one of the
-    segmentations SentencePiece samples (BPE-dropout at `alpha`), as for a shared model."""
+    segmentations SentencePiece samples (BPE-dropout at `alpha`), as for a shared model. One
+    sentence at a time (`num_threads` is SentencePieceProcessor's argument, kept for its callers)."""
     sampling = dict(enable_sampling=True, alpha=alpha, nbest_size=nbest_size) if enable_sampling else {}
     if isinstance(text, str):
       return self._encode_one(text, **sampling)

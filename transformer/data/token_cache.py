@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from transformer.data import marian_vocab
 from transformer.data.cache_format import (  # noqa: F401  (the format's names, re-exported)
   DROP_REASONS,
   FORMAT,
@@ -65,13 +66,13 @@ CHUNK = 20_000  # pairs a worker encodes at a time
 
 # --------------------------------------------------------------------------------------- writing
 
-_vocab = None  # each encoding worker's SentencePiece model
+_vocab = None  # each encoding worker's vocabulary (a SentencePiece model, or Marian's two)
 
 
 def _init_worker(vocab_path: str) -> None:
   global _vocab
-  import sentencepiece as spm
-  _vocab = spm.SentencePieceProcessor(model_file=vocab_path)
+  from transformer.data.vocab import load_vocab
+  _vocab = load_vocab(vocab_path)
 
 
 def encode_pairs(vocab, src_text: Sequence[str], tgt_text: Sequence[str], filters: Filters,
@@ -81,7 +82,8 @@ def encode_pairs(vocab, src_text: Sequence[str], tgt_text: Sequence[str], filter
   out: dict = {}
   (src_text, src_changed), (tgt_text, tgt_changed) = map(normalise_controls, (src_text, tgt_text))
   out["controls"] = [src_changed, tgt_changed]  # lines per side
-  ids = [vocab.encode(src_text), vocab.encode(tgt_text)]
+  ids = [marian_vocab.side(vocab, "source").encode(src_text),
+         marian_vocab.side(vocab, "target").encode(tgt_text)]
   lens = [np.fromiter(map(len, side), np.int64, len(side)) for side in ids]
   keep, out["dropped"] = keep_mask(lens[0], lens[1], filters)
   out["keep"] = np.flatnonzero(keep)
@@ -225,11 +227,10 @@ def build(directory: str | os.PathLike, source, vocab_path: str | os.PathLike, f
   writes the cache into `directory`, replacing a stale one only once the new one is whole.
   `corpus` is the corpus's identity (it goes into the fingerprint). A failure (a full disk, a
   worker that dies) ends the build in seconds with a DataError and removes what it wrote."""
-  import sentencepiece as spm
-
+  from transformer.data.vocab import load_vocab
   from transformer.progress import Progress
   vocab_bytes = Path(vocab_path).read_bytes()
-  vocab_size = spm.SentencePieceProcessor(model_file=str(vocab_path)).get_piece_size()
+  vocab_size = load_vocab(vocab_path).get_piece_size()
   name = getattr(source, "name", corpus)
   workers = 1 if len(source) <= CHUNK else max(1, workers or usable_cpus())
   t0, worker_peak = time.time(), 0

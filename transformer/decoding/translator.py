@@ -25,7 +25,7 @@ from absl import flags
 from jax.sharding import Mesh, PartitionSpec
 
 from transformer import cli, decoding, partitioning, progress
-from transformer.data import batching
+from transformer.data import batching, marian_vocab
 from transformer.data.batching import pad_rows
 from transformer.data.sources import normalise_controls
 from transformer.decoding import mbr, options
@@ -398,7 +398,8 @@ def score(models: Transformer | Sequence[Transformer], params: Any,
   src_ids, tgt_ids = [], []
   sources, targets = normalise_controls(sources)[0], normalise_controls(targets)[0]
   for n, (s, t) in enumerate(zip(sources, targets), 1):
-    src, tgt = vocab.encode(s) + [EOS_ID], vocab.encode(t) + [EOS_ID]
+    src = marian_vocab.side(vocab, "source").encode(s) + [EOS_ID]
+    tgt = marian_vocab.side(vocab, "target").encode(t) + [EOS_ID]
     if len(tgt) == 1:
       raise ConfigError(f"target line {n} is empty; every line needs a sentence to score")
     if max(len(src), len(tgt)) > max_len:

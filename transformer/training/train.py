@@ -55,7 +55,7 @@ from transformer.files import writable_directory
 from transformer.hardware import table_peak
 from transformer.metrics import CompileClock, MetricWriter, format_duration
 from transformer.model.transformer import ModelConfig, Transformer
-from transformer.training import checkpoints, compiled, feed, preemption
+from transformer.training import checkpoints, compiled, feed, init_from, preemption
 from transformer.training import nonfinite as faults
 from transformer.training.step import (
   EmaTrainState,
@@ -108,17 +108,17 @@ def minutes_since(t: float) -> float:
 
 @contextlib.contextmanager
 def _undone_if_failed(workdir: Path):
-  """Start-up creates only the workdir and its vocab.model; if start-up fails (bad data, a broken
+  """Start-up creates only the workdir and its vocabulary; if start-up fails (bad data, a broken
   checkpoint, ...) they are removed again, so a failed start leaves the disk as it found it."""
   missing = [p for p in (workdir, *workdir.parents) if not p.exists()]  # deepest first
-  vocab_path = workdir / vocab_lib.VOCAB_FILE
-  had_vocab = vocab_path.exists()
+  vocabs = [workdir / name for name in (vocab_lib.VOCAB_FILE, vocab_lib.MARIAN_VOCAB_FILE)]
+  had = [path.exists() for path in vocabs]
   try:
     yield
   except BaseException:
     if jax.process_index() == 0:
-      if not had_vocab:
-        vocab_path.unlink(missing_ok=True)
+      for path in (path for path, existed in zip(vocabs, had) if not existed):
+        path.unlink(missing_ok=True)
       for directory in missing:
         with contextlib.suppress(OSError):
           directory.rmdir()  # only if empty
@@ -148,6 +148,7 @@ def start_run(cfg: ml_collections.ConfigDict, workdir: Path, allow_config_change
   """Checks what can go wrong before training (data, vocabulary, checkpoints, the first batch) and
   restores or initializes the state; writes nothing but the workdir and its vocabulary."""
   writable_directory(workdir, "--workdir")
+  init_from.copy_vocabulary(cfg, workdir)
   vocab, train_pipeline, eval_batches = pipeline.training_inputs(cfg, workdir,
                                                                  num_devices=jax.device_count())
   mesh = partitioning.make_mesh(cfg, vocab.get_piece_size())
@@ -165,7 +166,7 @@ def start_run(cfg: ml_collections.ConfigDict, workdir: Path, allow_config_change
     log.info("Resumed from the checkpoint at step %d (data: epoch %d, batch %d of %d)",
              int(state.step), data_state.epoch, data_state.batch, train_pipeline.num_batches)
   else:
-    state = fns.init(jax.random.key(cfg.seed))
+    state = init_from.start_state(cfg, fns.init(jax.random.key(cfg.seed)))
   batches = train_pipeline.batches(data_state)
   first = next(batches) if int(state.step) < cfg.train.steps else None  # e.g. all pairs filtered
   return Run(cfg, workdir, vocab, train_pipeline, eval_batches, mesh, model, fns, state, data_state,
@@ -180,7 +181,7 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str,
   at a non-finite loss or gradient (train.on_nonfinite='stop'), and ConfigError, DataError or
   CheckpointError for bad input, before writing anything.
   """
-  validate(cfg)
+  cfg = init_from.with_architecture(validate(cfg))
   workdir = Path(workdir)
   if workdir.exists() and not workdir.is_dir():
     raise UserError(f"--workdir={workdir} is a file, not a directory: pass a new directory (or "
