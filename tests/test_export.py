@@ -55,6 +55,42 @@ def test_ctranslate2_scores_targets_as_our_model_does(tmp_path, overrides):
     np.testing.assert_allclose(result.log_probs, ours[row][tgt[row] != PAD_ID], atol=1e-4)
 
 
+@pytest.mark.parametrize("overrides", [{"output_bias": True},
+                                       {"decoder_start": "pad", "layer_norm_epsilon": 1e-5,
+                                        "activation": "swish", "output_bias": True}])
+def test_ctranslate2_scores_and_searches_with_marians_options_as_our_model_does(tmp_path, overrides):
+  """A per-word logit bias, decoding that starts from padding, Marian's epsilon (an imported OPUS-MT
+  model's options): the same scores, and the same greedy outputs (the start token never written)."""
+  config = tiny_model_config(vocab_size=VOCAB, **overrides)
+  model = Transformer(config)
+  params = init_params(model, seed=2)
+  bias = np.random.default_rng(3).normal(0, 0.5, VOCAB).astype(np.float32)
+  bias[EOS_ID] += 4.0  # outputs that end before the length limit
+  params["decoder"]["output_bias"] = bias
+  src = random_tokens(np.random.default_rng(0), 4, 6, VOCAB, lengths=[6, 5, 3, 2])
+  tgt = random_tokens(np.random.default_rng(1), 4, 9, VOCAB, lengths=[9, 4, 5, 2])
+  ours = np.asarray(decoding.forced_log_probs(model, params, jnp.asarray(src), jnp.asarray(tgt)))
+  engine = translator(tmp_path, config, params)
+  theirs = engine.score_batch([pieces(r) for r in src], [pieces(r) for r in tgt])
+  for row, result in enumerate(theirs):
+    np.testing.assert_allclose(result.log_probs, ours[row][tgt[row] != PAD_ID], atol=1e-4)
+  limit = 10
+  found = decoding.decode(decoding.BeamSearch(1, 0.0), model, params, jnp.asarray(src),
+                          jnp.full((len(src),), limit), limit)
+  # CTranslate2 forbids none of the model's tokens: padding and the start token are suppressed as
+  # our searches forbid them (docs/evaluating.md says so).
+  suppress = [[PIECES[i]] for i in config.never_written]
+  hypotheses = engine.translate_batch([pieces(r) for r in src], beam_size=1,
+                                      max_decoding_length=limit, min_decoding_length=0,
+                                      suppress_sequences=suppress)
+  compared = 0
+  for row, result in zip(np.asarray(found.tokens[:, 0]), hypotheses):
+    if EOS_ID in row[:limit - 1]:  # ours ended before the limit, where both stop alike
+      assert result.hypotheses[0] == pieces(row)
+      compared += 1
+  assert compared >= 2
+
+
 @pytest.mark.slow
 def test_ctranslate2_beam_search_finds_our_hypotheses(tmp_path):
   """Same best hypotheses (beam 4, no length penalty: CTranslate2's penalty is length^alpha, ours

@@ -203,6 +203,7 @@ def test_a_folder_that_holds_no_marian_model_is_refused_in_one_line(tmp_path):
 
 
 @needs_engine
+@pytest.mark.parametrize("opus", ["swish"], indirect=True)
 def test_a_fine_tune_of_an_import_starts_at_its_loss_and_lowers_it(opus, tmp_path):
   """train.init_from: the architecture and vocabulary come with the parameters; the first step's
   loss is the imported model's on that batch (nothing re-initialised), and training lowers it."""
@@ -233,3 +234,54 @@ def test_a_fine_tune_of_an_import_starts_at_its_loss_and_lowers_it(opus, tmp_pat
   expected = -scores.sum() / (batch["tgt"] != PAD_ID).sum()
   assert records[0]["nll"] == pytest.approx(expected, rel=1e-4)
   assert np.mean([r["nll"] for r in records[-5:]]) < 0.8 * records[0]["nll"]
+
+
+@needs_engine
+@pytest.mark.slow
+@pytest.mark.parametrize("opus", ["swish"], indirect=True)
+def test_every_program_takes_an_imported_run_as_a_trained_one(opus, tmp_path):
+  """As a user runs them: translate (scores checked against Transformers, n-best, an ensemble),
+  export to both formats (the Marian export scores as the model imported), attention maps."""
+  import torch
+  from transformers import MarianMTModel, MarianTokenizer
+  engine, tokenizer, run = opus
+  (tmp_path / "in.en").write_text("\n".join(SOURCES) + "\n")
+  (tmp_path / "in.de").write_text("\n".join(TARGETS) + "\n")
+  workdir = f"--workdir={run.workdir}"
+  done = run_cli("transformer.evaluation.translate", workdir, f"--input_file={tmp_path / 'in.en'}",
+                 f"--score={tmp_path / 'in.de'}")
+  assert done.returncode == 0, done.stderr
+  scores = [json.loads(line)["log_prob"] for line in done.stdout.splitlines()]
+  batch = tokenizer(SOURCES, text_target=TARGETS, padding=True, return_tensors="pt")
+  start = torch.full_like(batch["labels"][:, :1], engine.config.decoder_start_token_id)
+  with torch.no_grad():
+    logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    decoder_input_ids=torch.cat([start, batch["labels"][:, :-1]], 1)).logits
+  theirs = torch.log_softmax(logits, -1).gather(-1, batch["labels"][..., None])[..., 0]
+  theirs = (theirs * (batch["labels"] != engine.config.pad_token_id)).sum(1).numpy()
+  np.testing.assert_allclose(scores, theirs, atol=1e-3)
+  done = run_cli("transformer.evaluation.translate", workdir, f"--input_file={tmp_path / 'in.en'}",
+                 "--nbest=2", f"--ensemble={run.workdir}")
+  assert done.returncode == 0, done.stderr
+  assert [len(json.loads(line)["hypotheses"]) for line in done.stdout.splitlines()] == [2] * 4
+  for form in ("huggingface", "ctranslate2"):
+    done = run_cli("transformer.evaluation.export", workdir, f"--format={form}",
+                   f"--output={tmp_path / form}")
+    assert done.returncode == 0, done.stderr
+  assert (tmp_path / "ctranslate2" / "source.spm").is_file()
+  back, back_tokenizer = (MarianMTModel.from_pretrained(tmp_path / "huggingface").eval(),
+                          MarianTokenizer.from_pretrained(tmp_path / "huggingface"))
+  again = back_tokenizer(SOURCES, text_target=TARGETS, padding=True, return_tensors="pt")
+  assert [back_tokenizer.convert_ids_to_tokens(row) for row in again["labels"]] == [
+      tokenizer.convert_ids_to_tokens(row) for row in batch["labels"]]
+  start = torch.full_like(again["labels"][:, :1], back.config.decoder_start_token_id)
+  with torch.no_grad():
+    logits = back(input_ids=again["input_ids"], attention_mask=again["attention_mask"],
+                  decoder_input_ids=torch.cat([start, again["labels"][:, :-1]], 1)).logits
+  exported = torch.log_softmax(logits, -1).gather(-1, again["labels"][..., None])[..., 0]
+  exported = (exported * (again["labels"] != back.config.pad_token_id)).sum(1).numpy()
+  np.testing.assert_allclose(exported, theirs, atol=1e-3)
+  done = run_cli("transformer.visualisation.attention_maps", workdir, f"--source={SOURCES[1]}",
+                 f"--output_dir={tmp_path / 'maps'}")
+  assert done.returncode == 0, done.stderr
+  assert (tmp_path / "maps" / "attention.npz").is_file()

@@ -184,6 +184,21 @@ def ctranslate2_spec(config: ModelConfig, params: Any, pieces: list[str], max_po
   return spec
 
 
+def _tokenizer_names(workdir: str | Path) -> tuple[str, ...]:
+  """The SentencePiece models a CTranslate2 export holds: the run's one, or an import's two."""
+  marian_run = vocab_lib.run_vocab_path(workdir).name == vocab_lib.MARIAN_VOCAB_FILE
+  return ("source.spm", "target.spm") if marian_run else (vocab_lib.VOCAB_FILE,)
+
+
+def _tokenizer_files(vocab: Any, path: Path, out: Path) -> None:
+  """Copies the run's SentencePiece model(s) beside a CTranslate2 model (`_tokenizer_names`)."""
+  if path.name == vocab_lib.VOCAB_FILE:
+    shutil.copyfile(path, out / vocab_lib.VOCAB_FILE)
+    return
+  for name, side in (("source.spm", vocab.source), ("target.spm", vocab.target)):
+    (out / name).write_bytes(side.model.serialized_model_proto())
+
+
 def default_max_positions(cfg) -> int:
   """Rows of the position table: the longest output our own search writes (source limit + the
   output allowance), or the learned table."""
@@ -231,8 +246,8 @@ def export_ctranslate2(workdir: str | Path, output: str | Path, step: int | None
     run = load_run(workdir, step, average_last)
     pieces = [run.vocab.id_to_piece(i) for i in range(run.vocab.get_piece_size())]
     spec = ctranslate2_spec(run.model.config, run.params(ema), pieces, rows, quantization)
-    spec.register_file(str(Path(workdir) / vocab_lib.VOCAB_FILE))
     spec.save(str(staging))
+    _tokenizer_files(run.vocab, vocab_lib.run_vocab_path(workdir), staging)
   return Path(output)
 
 
@@ -252,7 +267,7 @@ def export_huggingface(workdir: str | Path, output: str | Path, step: int | None
   with _staged(output) as staging:
     run = load_run(workdir, step, average_last)
     marian.write_marian(staging, run.config, run.model.config, run.params(ema),
-                        Path(workdir) / vocab_lib.VOCAB_FILE, rows)
+                        vocab_lib.run_vocab_path(workdir), rows)
   return Path(output)
 
 
@@ -271,8 +286,9 @@ def main(argv: list[str]) -> None:
           f"generate() (docs/evaluating.md)")
     return
   out = export_ctranslate2(FLAGS.workdir, FLAGS.output, quantization=FLAGS.quantization, **common)
+  tokenizers = " and ".join(str(out / name) for name in _tokenizer_names(FLAGS.workdir))
   print(f"wrote a CTranslate2 model to {out}; serve it with ctranslate2.Translator('{out}') and "
-        f"tokenize with {out / vocab_lib.VOCAB_FILE} (docs/evaluating.md)")
+        f"tokenize with {tokenizers} (docs/evaluating.md)")
 
 
 def run() -> None:
