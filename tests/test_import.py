@@ -285,3 +285,27 @@ def test_every_program_takes_an_imported_run_as_a_trained_one(opus, tmp_path):
                  f"--output_dir={tmp_path / 'maps'}")
   assert done.returncode == 0, done.stderr
   assert (tmp_path / "maps" / "attention.npz").is_file()
+
+
+@needs_engine
+@pytest.mark.parametrize("opus", ["relu"], indirect=True)
+def test_a_hub_name_is_read_from_the_hubs_cache_as_transformers_fetches_it(opus, tmp_path,
+                                                                           monkeypatch):
+  """`--model=ORG/NAME`: Transformers' own hub loader, offline here, over a hub cache laid out as a
+  download leaves it (models--ORG--NAME/snapshots/<commit>/, refs/main)."""
+  import shutil
+  _, _, run = opus
+  repo = tmp_path / "hub" / "hub" / "models--local-org--opus-mt-test"
+  shutil.copytree(run.workdir.parent / "marian", repo / "snapshots" / "0123abcd")
+  (repo / "refs").mkdir()
+  (repo / "refs" / "main").write_text("0123abcd")
+  monkeypatch.setenv("HF_HOME", str(tmp_path / "hub"))
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  done = run_cli("transformer.evaluation.marian_import", "--model=local-org/opus-mt-test",
+                 f"--workdir={tmp_path / 'run'}")
+  assert done.returncode == 0, done.stderr
+  assert (tmp_path / "run" / marian_vocab.MARIAN_VOCAB_FILE).read_bytes() == (
+      run.workdir / marian_vocab.MARIAN_VOCAB_FILE).read_bytes()
+  fetched = load_run(tmp_path / "run")
+  for a, b in zip(jax.tree.leaves(fetched.params()), jax.tree.leaves(run.params())):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

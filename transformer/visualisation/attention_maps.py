@@ -30,11 +30,11 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
+from transformer.data import marian_vocab  # noqa: E402
 from transformer.errors import ConfigError  # noqa: E402
 from transformer.files import writable_directory  # noqa: E402
 from transformer.model import positions as positional  # noqa: E402
 from transformer.model.transformer import (  # noqa: E402
-  BOS_ID,
   EOS_ID,
   ModelConfig,
   Transformer,
@@ -83,6 +83,7 @@ def attention_maps(model: Transformer, params: Any, source_ids: list[int], targe
   weights = {kind: _per_layer(recorded[stack], module, model.config)
              for kind, (stack, module, *_) in KINDS.items()}
   decoder_inputs = np.asarray(shift_right(tgt))[0].tolist()
+  decoder_inputs[0] = model.config.start_id  # what the decoder reads there (Marian's: padding)
   return AttentionMaps([pieces[i] for i in source_ids], [pieces[i] for i in decoder_inputs], weights)
 
 
@@ -205,8 +206,9 @@ def write_figures(maps: AttentionMaps, tables: dict[str, positional.Drawing], ou
 # ---------------------------------------------------------------------------------- command line
 
 def token_ids(vocab, text: str, what: str, max_len: int) -> list[int]:
-  """SentencePiece ids of `text` and EOS; an over-long text is an error."""
-  ids = vocab.encode(text) + [EOS_ID]
+  """Ids of `text` (`what`: 'source' or 'target', the side's SentencePiece model) and EOS; an
+  over-long text is an error."""
+  ids = marian_vocab.side(vocab, what).encode(text) + [EOS_ID]
   if len(ids) > max_len:
     raise ConfigError(f"--{what} is {len(ids)} tokens long (with </s>); this model's runs take at "
                       f"most {max_len} (config.data.max_len): pass a shorter sentence")
@@ -239,7 +241,7 @@ def visualize(workdir: str, source: str, target: str | None = None, step: int | 
                       "draw the model's own")
   target_ids = token_ids(vocab, target, "target", cfg.data.max_len)
   pieces = [vocab.id_to_piece(i) for i in range(vocab.get_piece_size())]
-  pieces[EOS_ID], pieces[BOS_ID] = "</s>", "<s>"
+  pieces[EOS_ID], pieces[model.config.start_id] = "</s>", "<s>"
   maps = attention_maps(model, params, source_ids, target_ids, pieces)
   tables = positional_tables(params, model.config, min(cfg.data.max_len, model.config.max_len))
   return maps, write_figures(maps, tables, out), steps[-1]
