@@ -198,7 +198,7 @@ def test_a_folder_that_holds_no_marian_model_is_refused_in_one_line(tmp_path):
   done = run_cli("transformer.evaluation.marian_import", f"--model={tmp_path}",
                  f"--workdir={tmp_path / 'run'}")
   assert done.returncode != 0
-  assert f"--model={tmp_path}: Transformers cannot load a Marian model" in done.stderr
+  assert f"--model={tmp_path} holds no config.json: it is not a Marian model's folder" in done.stderr
   assert not (tmp_path / "run").exists()
 
 
@@ -309,3 +309,49 @@ def test_a_hub_name_is_read_from_the_hubs_cache_as_transformers_fetches_it(opus,
   fetched = load_run(tmp_path / "run")
   for a, b in zip(jax.tree.leaves(fetched.params()), jax.tree.leaves(run.params())):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@needs_engine
+@pytest.mark.parametrize("opus", ["relu"], indirect=True)
+def test_what_the_import_cannot_take_is_refused_in_one_line_and_nothing_is_written(
+    opus, tmp_path, monkeypatch):
+  import shutil
+  import sys
+
+  from transformers import MarianConfig
+
+  from transformer.config import base_config
+  from transformer.errors import ConfigError
+  from transformer.evaluation.marian_import import import_marian
+  _, _, run = opus
+  source = run.workdir.parent / "marian"
+  cfg = base_config()
+
+  def refused(model, message, workdir=None):
+    workdir = workdir or tmp_path / "new"
+    before = sorted(p.name for p in workdir.iterdir()) if workdir.exists() else None
+    with pytest.raises(ConfigError, match=message):
+      import_marian(str(model), workdir, cfg)
+    assert (sorted(p.name for p in workdir.iterdir()) if workdir.exists() else None) == before
+    assert not workdir.with_name(workdir.name + ".partial").exists()
+
+  refused(source, "exists and is not empty", workdir=run.workdir)
+  for name in ("target.spm", "vocab.json"):
+    broken = tmp_path / f"no_{name}"
+    shutil.copytree(source, broken)
+    (broken / name).unlink()
+    refused(broken, f"has no {name}: a Marian model's folder holds MarianTokenizer's files")
+  for change, message in (
+      ({"share_encoder_decoder_embeddings": False}, "source and target embeddings are separate"),
+      ({"decoder_attention_heads": 2}, "differ in heads or feed-forward width"),
+      ({"activation_function": "tanh"}, "activation 'tanh' is not one of"),
+      ({"scale_embedding": False}, "embeddings are not scaled")):
+    variant = tmp_path / f"variant_{next(iter(change))}"
+    shutil.copytree(source, variant)
+    config = MarianConfig.from_pretrained(variant)
+    for key, value in change.items():
+      setattr(config, key, value)
+    config.save_pretrained(variant)
+    refused(variant, message)
+  monkeypatch.setitem(sys.modules, "torch", None)
+  refused(source, r"reads the model with torch: pip install -e '\.\[huggingface\]'")

@@ -62,10 +62,11 @@ def check_marian(config: ModelConfig) -> None:
   """Raises a one-line ConfigError where Marian's architecture cannot hold the model."""
   if not positions.adds_tables(config.positional):
     tables = " or ".join(k for k in positions.kinds() if positions.adds_tables(k))
+    elsewhere = (", or use --format=ctranslate2, which holds it"
+                 if positions.in_ctranslate2(config.positional) else "")
     raise ConfigError(f"Marian cannot hold {config.positional!r} positions: it adds one position "
                       f"table to each stack's embeddings, and {config.positional!r} acts inside "
-                      f"attention; export a run with {tables} positions, or use "
-                      "--format=ctranslate2 where it holds the kind")
+                      f"attention; export a run with {tables} positions{elsewhere}")
   if config.norm != "post":
     raise ConfigError(f"Marian's layers are post-LayerNorm; this model is {config.norm}-LayerNorm "
                       "(config.model.norm): use --format=ctranslate2, which holds both")

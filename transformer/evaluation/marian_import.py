@@ -37,6 +37,7 @@ from transformer.data.marian_vocab import MARIAN_VOCAB_FILE, write_marian_vocab
 from transformer.errors import ConfigError
 from transformer.evaluation import marian
 from transformer.evaluation.export import _staged
+from transformer.files import writable_directory
 from transformer.model import positions
 from transformer.model.config import ModelConfig
 from transformer.model.transformer import Transformer, initial_params
@@ -50,21 +51,40 @@ ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "multi30k.py"
 
 
+TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
+
+
 def read_marian(model: str) -> tuple[Any, dict[str, np.ndarray], Any, dict[str, bytes]]:
   """(MarianConfig, the state's tensors as float32 numpy, the tokenizer, its files' bytes)."""
   transformers = marian.transformers_library()
   try:
-    config = transformers.MarianConfig.from_pretrained(model)
-    engine = transformers.MarianMTModel.from_pretrained(model)
-    tokenizer = transformers.MarianTokenizer.from_pretrained(model)
-  except (OSError, ValueError) as e:
-    raise ConfigError(f"--model={model}: Transformers cannot load a Marian model and tokenizer "
-                      f"there ({str(e).strip().splitlines()[0]})") from None
+    import torch  # noqa: F401  (MarianMTModel's weights are torch tensors)
+  except ImportError:
+    raise ConfigError(f"--format=huggingface reads the model with torch: {marian.INSTALL}"
+                      ) from None
+  def loaded(load: Any) -> Any:
+    try:
+      return load(model)
+    except (OSError, ValueError, TypeError) as e:
+      raise ConfigError(f"--model={model}: Transformers cannot load a Marian model and tokenizer "
+                        f"there ({str(e).strip().splitlines()[0]})") from None
+  local = Path(model)
+  if local.is_dir() and not (local / "config.json").is_file():
+    raise ConfigError(f"--model={model} holds no config.json: it is not a Marian model's folder "
+                      "(one MarianMTModel.save_pretrained wrote), nor a hub name")
+  config = loaded(transformers.MarianConfig.from_pretrained)
+  if local.is_dir():  # a hub name is Transformers' to resolve; a folder we can check first
+    missing = [name for name in TOKENIZER_FILES if not (local / name).is_file()]
+    if missing:
+      raise ConfigError(f"--model={model} has no {', '.join(missing)}: a Marian model's folder "
+                        "holds MarianTokenizer's files too (save the tokenizer with "
+                        "tokenizer.save_pretrained into the same folder)")
+  engine = loaded(transformers.MarianMTModel.from_pretrained)
+  tokenizer = loaded(transformers.MarianTokenizer.from_pretrained)
   tensors = {name: value.detach().float().numpy() for name, value in engine.state_dict().items()}
   with tempfile.TemporaryDirectory() as scratch:
     tokenizer.save_pretrained(scratch)
-    files = {name: (Path(scratch) / name).read_bytes()
-             for name in ("source.spm", "target.spm", "vocab.json")}
+    files = {name: (Path(scratch) / name).read_bytes() for name in TOKENIZER_FILES}
   return config, tensors, tokenizer, files
 
 
@@ -124,6 +144,11 @@ def check_positions(tensors: dict[str, np.ndarray], config: ModelConfig) -> None
 
 def import_marian(model: str, workdir: str | Path, cfg: ml_collections.ConfigDict) -> Path:
   """Writes the run folder `workdir` (new or empty) from the Marian model `model`."""
+  workdir = Path(workdir)
+  if workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())):
+    raise ConfigError(f"--workdir={workdir} exists and is not empty (a run?); the import writes a "
+                      "new run folder: choose a new --workdir")
+  writable_directory(workdir.parent, "--workdir", create=False)
   theirs, tensors, tokenizer, files = read_marian(model)
   order, start = renumbering(theirs, tokenizer)
   bias = tensors["final_logits_bias"].reshape(-1)[order]
