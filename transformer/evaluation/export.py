@@ -206,18 +206,19 @@ def default_max_positions(cfg) -> int:
   return longest if longest is not None else cfg.data.max_len + cfg.decode.max_extra_len
 
 
-def _check_new(output: Path) -> None:
+def check_new(output: Path, flag: str = "--output") -> None:
+  """`output` (given by `flag`) must be new or empty, and its parent writable."""
   if output.exists() and (not output.is_dir() or any(output.iterdir())):
-    raise ConfigError(f"--output={output} exists and is not empty; choose a new directory")
-  writable_directory(output.parent, "--output", create=False)  # where it is staged
+    raise ConfigError(f"{flag}={output} exists and is not empty; choose a new directory")
+  writable_directory(output.parent, flag, create=False)  # where it is staged
 
 
 @contextlib.contextmanager
-def _staged(output: str | Path) -> Iterator[Path]:
+def staged(output: str | Path, flag: str = "--output") -> Iterator[Path]:
   """A scratch directory beside `output` to write into; it becomes `output` when the block ends
   without an error and is removed when it raises. `output` must be new or empty."""
   output = Path(output)
-  _check_new(output)
+  check_new(output, flag)
   staging = output.with_name(output.name + ".partial")
   shutil.rmtree(staging, ignore_errors=True)
   staging.mkdir(parents=True)
@@ -235,14 +236,14 @@ def export_ctranslate2(workdir: str | Path, output: str | Path, step: int | None
                        average_last: int = 1, ema: bool = True, quantization: str = "none",
                        max_positions: int | None = None) -> Path:
   """Writes the run's checkpoint (or average) as a CTranslate2 model directory `output`."""
-  _check_new(Path(output))
+  check_new(Path(output))
   cfg = checkpoints.load_run_config(Path(workdir))
   config = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
   check_ctranslate2(config)
   rows = default_max_positions(cfg) if max_positions is None else max_positions
   check_rows(config, rows)
   _ctranslate2()
-  with _staged(output) as staging:
+  with staged(output) as staging:
     run = load_run(workdir, step, average_last)
     pieces = [run.vocab.id_to_piece(i) for i in range(run.vocab.get_piece_size())]
     spec = ctranslate2_spec(run.model.config, run.params(ema), pieces, rows, quantization)
@@ -255,7 +256,7 @@ def export_huggingface(workdir: str | Path, output: str | Path, step: int | None
                        average_last: int = 1, ema: bool = True,
                        max_positions: int | None = None) -> Path:
   """Writes the run's checkpoint (or average) as a Hugging Face Marian model directory `output`."""
-  _check_new(Path(output))
+  check_new(Path(output))
   cfg = checkpoints.load_run_config(Path(workdir))
   config = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
   marian.check_marian(config)  # before the checkpoint is read or anything written
@@ -264,7 +265,7 @@ def export_huggingface(workdir: str | Path, output: str | Path, step: int | None
   check_rows(config, rows)
   if warning := marian.resave_warning(config):
     log.warning("%s", warning)
-  with _staged(output) as staging:
+  with staged(output) as staging:
     run = load_run(workdir, step, average_last)
     marian.write_marian(staging, run.config, run.model.config, run.params(ema),
                         vocab_lib.run_vocab_path(workdir), rows)

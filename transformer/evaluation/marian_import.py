@@ -36,8 +36,7 @@ from transformer.config import validate
 from transformer.data.marian_vocab import MARIAN_VOCAB_FILE, write_marian_vocab
 from transformer.errors import ConfigError
 from transformer.evaluation import marian
-from transformer.evaluation.export import _staged
-from transformer.files import writable_directory
+from transformer.evaluation.export import check_new, staged
 from transformer.model import positions
 from transformer.model.config import ModelConfig
 from transformer.model.transformer import Transformer, initial_params
@@ -145,10 +144,7 @@ def check_positions(tensors: dict[str, np.ndarray], config: ModelConfig) -> None
 def import_marian(model: str, workdir: str | Path, cfg: ml_collections.ConfigDict) -> Path:
   """Writes the run folder `workdir` (new or empty) from the Marian model `model`."""
   workdir = Path(workdir)
-  if workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())):
-    raise ConfigError(f"--workdir={workdir} exists and is not empty (a run?); the import writes a "
-                      "new run folder: choose a new --workdir")
-  writable_directory(workdir.parent, "--workdir", create=False)
+  check_new(workdir, "--workdir")  # before the model is read
   theirs, tensors, tokenizer, files = read_marian(model)
   order, start = renumbering(theirs, tokenizer)
   bias = tensors["final_logits_bias"].reshape(-1)[order]
@@ -166,17 +162,17 @@ def import_marian(model: str, workdir: str | Path, cfg: ml_collections.ConfigDic
   tensors["model.shared.weight"] = tensors["model.shared.weight"][order]
   tensors["final_logits_bias"] = bias
   scale = getattr(theirs, marian.STREAM_SCALE_KEY, 1.0)
-  model_ = Transformer(config)
-  shapes = jax.eval_shape(lambda: initial_params(model_, jax.random.key(0)))
+  network = Transformer(config)
+  shapes = jax.eval_shape(lambda: initial_params(network, jax.random.key(0)))
   params = marian.marian_params(config, tensors, scale, shapes)
   ids = json.loads(files["vocab.json"])
   pieces_by_id = {i: piece for piece, i in ids.items()}
   pieces = [pieces_by_id.get(int(i), f"<unused{int(i)}>") for i in order]
-  with _staged(workdir) as staging:
+  with staged(workdir, "--workdir") as staging:
     checkpoints.write_run_config(staging, cfg)
     write_marian_vocab(staging / MARIAN_VOCAB_FILE, pieces, files["source.spm"],
                        files["target.spm"], bos=start == "bos")
-    state = create_train_state(model_, make_optimizer(cfg), jax.random.key(0),
+    state = create_train_state(network, make_optimizer(cfg), jax.random.key(0),
                                ema=cfg.train.ema_decay > 0)
     state = state.replace(params=jax.tree.map(np.asarray, params))
     if cfg.train.ema_decay > 0:
