@@ -217,6 +217,7 @@ def test_a_fine_tune_of_an_import_starts_at_its_loss_and_lowers_it(opus, tmp_pat
   cfg = tiny_run_config(tmp_path)
   cfg.train.init_from = str(run.workdir)
   cfg.model.dropout = 0.0  # a training-only key the fine-tune sets itself
+  cfg.train.ema_decay = 0.9  # a moving average too, started from the imported parameters
   cfg.train.steps, cfg.train.log_every, cfg.train.eval_every = 40, 1, 40
   cfg.train.warmup_steps, cfg.train.learning_rate = 10, 0.5
   train_and_evaluate(cfg, str(tmp_path / "tuned"))

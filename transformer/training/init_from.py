@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -84,6 +85,6 @@ def start_state(cfg: ml_collections.ConfigDict, state: Any) -> Any:
   placed = jax.tree.map(lambda new, old: jax.device_put(np.asarray(new, old.dtype), old.sharding),
                         params, state.params)
   log.info("Starting from the parameters of %s", cfg.train.init_from)
-  if getattr(state, "ema_params", None) is not None:
-    state = state.replace(ema_params=placed)
+  if getattr(state, "ema_params", None) is not None:  # its own buffers: the step donates both
+    state = state.replace(ema_params=jax.tree.map(jnp.copy, placed))
   return state.replace(params=placed)
