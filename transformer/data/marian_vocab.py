@@ -66,6 +66,10 @@ class MarianSide:
   def get_piece_size(self) -> int:
     return len(self.pieces)
 
+  def serialized_model_proto(self) -> bytes:
+    """The side's SentencePiece model, as a SentencePieceProcessor gives its own."""
+    return self.model.serialized_model_proto()
+
 
 class MarianVocab:
   """Both sides over one id map (see the module's docstring); `bundle` is the file's bytes."""

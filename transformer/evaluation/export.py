@@ -196,7 +196,7 @@ def _tokenizer_files(vocab: Any, path: Path, out: Path) -> None:
     shutil.copyfile(path, out / vocab_lib.VOCAB_FILE)
     return
   for name, side in (("source.spm", vocab.source), ("target.spm", vocab.target)):
-    (out / name).write_bytes(side.model.serialized_model_proto())
+    (out / name).write_bytes(side.serialized_model_proto())
 
 
 def default_max_positions(cfg) -> int:

@@ -300,9 +300,7 @@ def write_marian(directory: Path, cfg: ml_collections.ConfigDict, config: ModelC
     models = []
     for name in ("source", "target"):
       models.append(Path(scratch) / f"{name}.spm")
-      side = marian_vocab.side(vocab, name)
-      models[-1].write_bytes(side.model.serialized_model_proto() if hasattr(side, "model")
-                             else side.serialized_model_proto())
+      models[-1].write_bytes(marian_vocab.side(vocab, name).serialized_model_proto())
     pieces = Path(scratch) / "vocab.json"
     pieces.write_text(json.dumps({vocab.id_to_piece(i): i for i in range(vocab.get_piece_size())},
                                  ensure_ascii=False, indent=0))
