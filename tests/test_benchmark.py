@@ -183,6 +183,7 @@ def test_a_token_cache_of_another_vocabulary_is_refused_before_timing(tmp_path):
     benchmark_input(cfg, 2, [0], [1.0], 2, token_cache=str(own.directory))
 
 
+@pytest.mark.slow
 def test_the_loop_benchmark_trains_what_the_step_alone_trains(tmp_path):
   """The loop's final parameters equal the step alone's over the same batches from the same start
   (benchmark_loop checks it bit for bit and says so), and both speeds are positive."""

@@ -203,6 +203,7 @@ def test_a_folder_that_holds_no_marian_model_is_refused_in_one_line(tmp_path):
 
 
 @needs_engine
+@pytest.mark.slow
 @pytest.mark.parametrize("opus", ["swish"], indirect=True)
 def test_a_fine_tune_of_an_import_starts_at_its_loss_and_lowers_it(opus, tmp_path):
   """train.init_from: the architecture and vocabulary come with the parameters; the first step's
@@ -289,6 +290,7 @@ def test_every_program_takes_an_imported_run_as_a_trained_one(opus, tmp_path):
 
 
 @needs_engine
+@pytest.mark.slow
 @pytest.mark.parametrize("opus", ["relu"], indirect=True)
 def test_a_hub_name_is_read_from_the_hubs_cache_as_transformers_fetches_it(opus, tmp_path,
                                                                            monkeypatch):
