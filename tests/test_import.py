@@ -105,6 +105,19 @@ def padded(rows):
   return out
 
 
+def marian_scores(engine, tokenizer):
+  """Transformers' log-probability of each token of TARGETS given SOURCES [B, T], and the label ids
+  [B, T] (padded with the model's padding id)."""
+  import torch
+  batch = tokenizer(SOURCES, text_target=TARGETS, padding=True, return_tensors="pt")
+  labels = batch["labels"]
+  start = torch.full_like(labels[:, :1], engine.config.decoder_start_token_id)
+  with torch.no_grad():
+    logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    decoder_input_ids=torch.cat([start, labels[:, :-1]], 1)).logits
+  return torch.log_softmax(logits, -1).gather(-1, labels[..., None])[..., 0].numpy(), labels.numpy()
+
+
 @needs_engine
 def test_the_import_numbers_pieces_as_marians_tokenizer_cuts_them(opus):
   engine, tokenizer, run = opus
@@ -124,19 +137,12 @@ def test_the_import_numbers_pieces_as_marians_tokenizer_cuts_them(opus):
 
 @needs_engine
 def test_the_imported_model_scores_targets_as_transformers_does(opus):
-  import torch
   engine, tokenizer, run = opus
   src = [run.vocab.source.encode(s) + [EOS_ID] for s in SOURCES]
   tgt = [run.vocab.target.encode(t) + [EOS_ID] for t in TARGETS]
   ours = np.asarray(decoding.forced_log_probs(run.model, run.params(), jnp.asarray(padded(src)),
                                               jnp.asarray(padded(tgt))))
-  batch = tokenizer(SOURCES, text_target=TARGETS, padding=True, return_tensors="pt")
-  labels = batch["labels"]
-  start = torch.full_like(labels[:, :1], engine.config.decoder_start_token_id)
-  with torch.no_grad():
-    logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    decoder_input_ids=torch.cat([start, labels[:, :-1]], 1)).logits
-  theirs = torch.log_softmax(logits, -1).gather(-1, labels[..., None])[..., 0].numpy()
+  theirs, _ = marian_scores(engine, tokenizer)
   for i, row in enumerate(tgt):
     np.testing.assert_allclose(ours[i, :len(row)], theirs[i, :len(row)], atol=1e-4)
   assert np.abs(ours[ours != 0]).min() > 1e-3  # real scores, not a degenerate model
@@ -244,7 +250,6 @@ def test_a_fine_tune_of_an_import_starts_at_its_loss_and_lowers_it(opus, tmp_pat
 def test_every_program_takes_an_imported_run_as_a_trained_one(opus, tmp_path):
   """As a user runs them: translate (scores checked against Transformers, n-best, an ensemble),
   export to both formats (the Marian export scores as the model imported), attention maps."""
-  import torch
   from transformers import MarianMTModel, MarianTokenizer
   engine, tokenizer, run = opus
   (tmp_path / "in.en").write_text("\n".join(SOURCES) + "\n")
@@ -254,13 +259,8 @@ def test_every_program_takes_an_imported_run_as_a_trained_one(opus, tmp_path):
                  f"--score={tmp_path / 'in.de'}")
   assert done.returncode == 0, done.stderr
   scores = [json.loads(line)["log_prob"] for line in done.stdout.splitlines()]
-  batch = tokenizer(SOURCES, text_target=TARGETS, padding=True, return_tensors="pt")
-  start = torch.full_like(batch["labels"][:, :1], engine.config.decoder_start_token_id)
-  with torch.no_grad():
-    logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    decoder_input_ids=torch.cat([start, batch["labels"][:, :-1]], 1)).logits
-  theirs = torch.log_softmax(logits, -1).gather(-1, batch["labels"][..., None])[..., 0]
-  theirs = (theirs * (batch["labels"] != engine.config.pad_token_id)).sum(1).numpy()
+  theirs, labels = marian_scores(engine, tokenizer)
+  theirs = (theirs * (labels != engine.config.pad_token_id)).sum(1)
   np.testing.assert_allclose(scores, theirs, atol=1e-3)
   done = run_cli("transformer.evaluation.translate", workdir, f"--input_file={tmp_path / 'in.en'}",
                  "--nbest=2", f"--ensemble={run.workdir}")
@@ -273,15 +273,10 @@ def test_every_program_takes_an_imported_run_as_a_trained_one(opus, tmp_path):
   assert (tmp_path / "ctranslate2" / "source.spm").is_file()
   back, back_tokenizer = (MarianMTModel.from_pretrained(tmp_path / "huggingface").eval(),
                           MarianTokenizer.from_pretrained(tmp_path / "huggingface"))
-  again = back_tokenizer(SOURCES, text_target=TARGETS, padding=True, return_tensors="pt")
-  assert [back_tokenizer.convert_ids_to_tokens(row) for row in again["labels"]] == [
-      tokenizer.convert_ids_to_tokens(row) for row in batch["labels"]]
-  start = torch.full_like(again["labels"][:, :1], back.config.decoder_start_token_id)
-  with torch.no_grad():
-    logits = back(input_ids=again["input_ids"], attention_mask=again["attention_mask"],
-                  decoder_input_ids=torch.cat([start, again["labels"][:, :-1]], 1)).logits
-  exported = torch.log_softmax(logits, -1).gather(-1, again["labels"][..., None])[..., 0]
-  exported = (exported * (again["labels"] != back.config.pad_token_id)).sum(1).numpy()
+  exported, again = marian_scores(back, back_tokenizer)
+  assert [back_tokenizer.convert_ids_to_tokens(row) for row in again] == [
+      tokenizer.convert_ids_to_tokens(row) for row in labels]
+  exported = (exported * (again != back.config.pad_token_id)).sum(1)
   np.testing.assert_allclose(exported, theirs, atol=1e-3)
   done = run_cli("transformer.visualisation.attention_maps", workdir, f"--source={SOURCES[1]}",
                  f"--output_dir={tmp_path / 'maps'}")
