@@ -189,8 +189,6 @@ def residual(config: ModelConfig, x: jax.Array, sublayer: Callable[[jax.Array], 
   return norm(x + drop(sublayer(x)))
 
 
-
-
 def _layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
   return nn.LayerNorm(epsilon=config.layer_norm_epsilon, dtype=config.dtype, name=name,
                       scale_init=_init(nn.initializers.ones_init(), "embed"),
@@ -307,7 +305,7 @@ class Decoder(nn.Module):
                decode: bool = False, decode_len: int = 0, step: jax.Array | None = None,
                self_mask: jax.Array | None = None, src_segments: jax.Array | None = None,
                tgt_segments: jax.Array | None = None, tgt_positions: jax.Array | None = None,
-               project: bool = True) -> jax.Array | tuple[jax.Array, jax.Array]:
+               project: bool = True) -> jax.Array | tuple[jax.Array, jax.Array, jax.Array | None]:
     """Logits [B, T, V]; with `project` False the decoder's output [B, T, D], the output matrix
     [V, D] as the projection would multiply them and the output bias [V] or None (training's
     chunked loss projects them itself)."""
@@ -394,7 +392,7 @@ class Transformer(nn.Module):
   def __call__(self, src: jax.Array, tgt_in: jax.Array, deterministic: bool = True, *,
                src_segments: jax.Array | None = None, src_positions: jax.Array | None = None,
                tgt_segments: jax.Array | None = None, tgt_positions: jax.Array | None = None,
-               project: bool = True) -> jax.Array | tuple[jax.Array, jax.Array]:
+               project: bool = True) -> jax.Array | tuple[jax.Array, jax.Array, jax.Array | None]:
     """Teacher-forced logits. Packed rows (several pairs per row) pass segment ids (1, 2, ... per
     pair, 0 for padding) and per-pair positions for both sides; attention stays within a pair.
     With `project` False: the decoder's output, the output matrix and bias instead of logits."""
