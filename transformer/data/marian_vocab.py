@@ -60,12 +60,6 @@ class MarianSide:
     return self.model.decode_pieces([self.pieces[int(i)] for i in ids
                                      if int(i) not in self.specials])
 
-  def id_to_piece(self, i: int) -> str:
-    return self.pieces[int(i)]
-
-  def get_piece_size(self) -> int:
-    return len(self.pieces)
-
   def serialized_model_proto(self) -> bytes:
     """The side's SentencePiece model, as a SentencePieceProcessor gives its own."""
     return self.model.serialized_model_proto()
