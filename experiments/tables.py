@@ -218,6 +218,34 @@ def positional_study() -> str:
   return "\n".join(lines)
 
 
+SIGNIFICANT = 0.05  # a seed's paired bootstrap p below this counts as a significant difference
+
+
+@table("positional-verdict")
+def positional_verdict() -> str:
+  """Each kind's difference from the sinusoids on every set, with the seeds in which it is
+  significant in the mean's direction, beside the sinusoids' own seed-to-seed spread."""
+  sets = {"dev": "validation", **HELD_OUT, "long": "long (past the training lengths)"}
+  sinusoids = _study_runs("sinusoidal")
+  lines = ["| kind | " + " | ".join(f"Δ {label}" for label in sets.values()) + " |",
+           "|---|" + "---|" * len(sets),
+           f"| seed-to-seed spread: the sinusoids' std over {len(sinusoids)} seeds | "
+           + " | ".join(f"± {statistics.stdev(_floats(sinusoids, f'{name}_ema_bleu')):.2f}"
+                        for name in sets) + " |"]
+  for kind in dict.fromkeys(r["variant"] for r in _study_runs()):
+    rows = [r for r in _study_runs(kind) if r.get("dev_delta")]
+    if not rows:
+      continue
+    cells = []
+    for name in sets:
+      deltas, ps = _floats(rows, f"{name}_delta"), _floats(rows, f"{name}_p")
+      mean = statistics.mean(deltas)
+      agree = sum(p < SIGNIFICANT and d * mean > 0 for d, p in zip(deltas, ps))
+      cells.append(f"{_mean_sd(deltas, sign='+')} ({agree}/{len(deltas)})")
+    lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
 @table("positional-speed")
 def positional_speed() -> str:
   """Every positional encoding's train step and searches beside the sinusoids' on the default
