@@ -7,6 +7,7 @@ import re
 import pytest
 
 from experiments import tables
+from experiments.tables import results, speed
 
 # A measured-looking figure: two decimals (BLEU), a ratio, or a number with a unit of time, memory,
 # speed or share. Dataset sizes and config values (37,000 BPE, 3,003 lines) are not figures.
@@ -60,9 +61,9 @@ def test_the_paper_row_fills_from_a_wmt_record(tmp_path, monkeypatch):
   record.mkdir(parents=True)
   (record / "result.json").write_text(json.dumps({"pair": "en-de", "model": "base",
                                                   "tokenized_bleu": 27.61}))
-  monkeypatch.setattr(tables, "RESULTS", tmp_path)
-  monkeypatch.setattr(tables, "REPO", tmp_path)
-  assert "| this implementation | 27.6 ([record](wmt14/ende-base)) | not run yet |" in tables.paper()
+  monkeypatch.setattr(results, "RESULTS", tmp_path)
+  monkeypatch.setattr(results, "REPO", tmp_path)
+  assert "| this implementation | 27.6 ([record](wmt14/ende-base)) | not run yet |" in results.paper()
 
 
 def test_input_table_reads_what_the_record_says(tmp_path):
@@ -72,15 +73,15 @@ def test_input_table_reads_what_the_record_says(tmp_path):
                 "dropped": {"empty": 9000, "too_long": 4500, "length_ratio": 9000}}}))
   (tmp_path / "standin.json").write_text(json.dumps(
       {"injected": {"empty": 9000, "too_long": 4500, "length_ratio": 9000}}))
-  text = tables._input_pipeline_table(tmp_path)
+  text = speed._input_pipeline_table(tmp_path)
   assert "| both | **6.0 min** |" in text  # 60 s + 300 s
   assert "| dropped: empty / over-long / length ratio > 9 | 9,000 / 4,500 / 9,000 |" in text
   assert "| injected by the generator | 9,000 / 4,500 / 9,000 |" in text
 
 
 def test_a_results_csv_machine_is_shortened_to_its_cpu_and_its_family_and_model_numbers():
-  assert tables._cpu_name("Intel(R) Xeon(R) Processor (GenuineIntel family 6 model 167), 1 cpu "
+  assert results._cpu_name("Intel(R) Xeon(R) Processor (GenuineIntel family 6 model 167), 1 cpu "
                           "device(s), JAX 0.10.2") == "Intel Xeon (family 6 model 167)"
-  assert tables._cpu_name("AMD EPYC (AuthenticAMD family 25 model 1), 1 cpu device(s), JAX 0.10.2"
+  assert results._cpu_name("AMD EPYC (AuthenticAMD family 25 model 1), 1 cpu device(s), JAX 0.10.2"
                           ) == "AMD EPYC (family 25 model 1)"
-  assert tables._cpu_name("AMD EPYC") == "AMD EPYC"
+  assert results._cpu_name("AMD EPYC") == "AMD EPYC"

@@ -1,0 +1,204 @@
+"""Tables of translation quality: the README's results, Table 3 row E and the positional study."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+from experiments.tables import REPO, RESULTS, markdown_rows, mean_sd, table
+
+STUDY = RESULTS / "positional_full"  # the positional study: every kind, 3 seeds, the default run
+HELD_OUT = {"test_2016_flickr": "test2016", "test_2017_flickr": "test2017", "test_2017_mscoco": "MSCOCO"}
+
+
+def _study_runs(variant: str | None = None) -> list[dict[str, str]]:
+  """The study's finished runs (results.csv rows), of one kind or all."""
+  with open(STUDY / "results.csv") as f:
+    return [r for r in csv.DictReader(f)
+            if r["finished"] == "True" and variant in (None, r["variant"])]
+
+
+def _floats(rows: list[dict[str, str]], key: str) -> list[float]:
+  return [float(r[key]) for r in rows if r.get(key)]
+
+
+def _cpu_name(machine: str) -> str:
+  """'Intel(R) Xeon(R) Processor (GenuineIntel family 6 model 167), 1 cpu device(s), JAX 0.10.2'
+  -> 'Intel Xeon (family 6 model 167)': a results.csv machine, short enough for a table cell."""
+  cpu = machine.split("), ")[0] + ")" if "), " in machine else machine
+  name, _, ids = cpu.partition(" (")
+  name = name.replace("(R)", "").replace(" Processor", "").strip()
+  ids = " ".join(word for word in ids.rstrip(")").split() if not word.startswith(("Genuine", "Authentic")))
+  return f"{name} ({ids})" if ids else name
+
+
+# ------------------------------------------------------------------------------------- README
+
+# Runs of the README's default command, by the machine their record's README names.
+DEFAULT_RUNS = {"2-core AMD EPYC VM (Zen 5)": "table3_multi30k_full/amd_base",
+                "2-core AMD EPYC VM (Zen 3, AVX2 only)": "table3_multi30k_full/zen3_base"}
+
+
+def _run_summary(workdir: Path) -> tuple[float, float, int]:
+  """(training minutes, validation sacreBLEU of the moving average, last step) of a recorded run."""
+  from transformer.metrics import read_metrics, training_clock
+  records = read_metrics(workdir)
+  train = [r for r in records if r["event"] == "train"]
+  bleu = [r for r in records if r["event"] == "bleu" and r.get("ema") and r["step"] == train[-1]["step"]]
+  return training_clock(train)[-1] / 60, bleu[-1]["bleu"], train[-1]["step"]
+
+
+@table("default-run")
+def default_run() -> str:
+  """The README's first command, per machine: training time and validation sacreBLEU."""
+  lines = ["| machine | seeds | training time | validation sacreBLEU (moving average) | record |",
+           "|---|---|---|---|---|"]
+  for machine, folder in DEFAULT_RUNS.items():
+    runs = [_run_summary(w) for w in sorted((RESULTS / folder).glob("seed*"))]
+    minutes = " / ".join(f"{m:.0f} min" for m, _, _ in runs)
+    lines.append(f"| {machine} | {len(runs)} | {minutes} | {mean_sd([b for _, b, _ in runs])} | "
+                 f"`{folder}` |")
+  gpu_runs = [f for f in sorted((RESULTS / "gpu").glob("*-whole-program")) if (f / "metrics.jsonl").is_file()]
+  for folder in gpu_runs:  # experiments/recipes/gpu_whole_program.sh: one seed, resumed half way
+    minutes, bleu, _ = _run_summary(folder)
+    gpu = (folder / "gpu.txt").read_text().split(",")[0].strip()
+    lines.append(f"| one {gpu} | 1 | {minutes:.0f} min | {bleu:.2f} | `{folder.relative_to(RESULTS)}` |")
+  if not gpu_runs:
+    lines.append("| a GPU | | not measured yet | not measured yet | |")
+  return "\n".join(lines)
+
+
+@table("model-size")
+def model_size() -> str:
+  """The paper's two models as configured: exact parameters and training FLOPs per target token."""
+  from configs import wmt14_ende
+  from transformer.model.size import analytic_param_count, training_flops_per_target_token
+  from transformer.model.transformer import ModelConfig
+  lines = ["| config | parameters (shared 37k vocabulary) | the paper | training GFLOP per target "
+           "token (rows of 32) |", "|---|---|---|---|"]
+  for size, paper in (("base", "65M"), ("big", "213M")):
+    cfg = wmt14_ende.get_config(size)
+    model = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
+    flops = training_flops_per_target_token(model, 32, 32)
+    lines.append(f"| `wmt14_ende.py:{size}` | {analytic_param_count(model):,} | {paper} | "
+                 f"{flops / 1e9:.3f} |")
+  return "\n".join(lines)
+
+@table("paper")
+def paper() -> str:
+  """The paper's Table 2 beside ours: a cell is filled only by a record under results/wmt14/."""
+  ours = {}
+  for path in sorted((RESULTS / "wmt14").glob("*/result.json")):
+    record = json.loads(path.read_text())
+    ours[(record["pair"], record["model"])] = (f"{record['tokenized_bleu']:.1f} "
+                                               f"([record]({path.parent.relative_to(REPO)}))")
+  rows = ["| newstest2014, tokenized BLEU (the paper's metric) | En→De base | En→De big | En→Fr base "
+          "| En→Fr big |", "|---|---|---|---|---|",
+          "| the paper (8 P100 GPUs; 12 hours base, 3.5 days big) | 27.3 | 28.4 | 38.1 | 41.8 |",
+          "| this implementation | " + " | ".join(
+              ours.get((pair, model), "not run yet") for pair in ("en-de", "en-fr")
+              for model in ("base", "big")) + " |"]
+  return "\n".join(rows)
+
+
+@table("multi30k")
+def multi30k() -> str:
+  """The bundled task's recipes: validation and Multi30k's test sets, mean over seeds."""
+  default = _study_runs("sinusoidal")
+  seeds = f"{len(default)} seed{'s' if len(default) > 1 else ''}"
+  lines = [f"Default run (`configs/multi30k.py`), {seeds}: validation "
+           f"sacreBLEU **{mean_sd(_floats(default, 'dev_ema_bleu'))}** (the sinusoidal runs of the "
+           "positional study; record, with each run's machine: `experiments/results/positional_full/`).",
+           "", "| recipe, lowercased tokenized BLEU (sacreBLEU) | validation | test2016 | test2017 | "
+           "MSCOCO | record |", "|---|---|---|---|---|---|"]
+  recipes = [("En→De default, 2 seeds", "multi30k_test_sets/en-de"),
+             ("En→De bf16 (`configs/multi30k_bf16.py`), 2 seeds", "multi30k_bf16_test_sets/en-de"),
+             ("En→De ensemble of 2 (`configs/multi30k_ensemble.py`), 2 pairs",
+              "multi30k_mbr_test_sets/en-de"),
+             ("En→Fr default (`configs/multi30k_enfr.py`), 2 seeds", "multi30k_test_sets/en-fr"),
+             ("En→Fr ensemble of 2, 2 pairs", "multi30k_mbr_test_sets/en-fr")]
+  published = None
+  for label, folder in recipes:
+    rows = markdown_rows(RESULTS / folder / "results.md")
+    cells = [f"{rows[s][3]} ({rows[s][4]})" for s in ("validation", "test_2016_flickr",
+                                                     "test_2017_flickr", "test_2017_mscoco")]
+    lines.append(f"| {label} | {' | '.join(cells)} | `{folder}` |")
+    if folder.endswith("en-de"):
+      published = rows
+  lines.append("| En→De text-only Transformer-Tiny (Wu et al., 2021) | – | "
+               + " | ".join(published[s][6] for s in ("test_2016_flickr", "test_2017_flickr",
+                                                      "test_2017_mscoco")) + " | |")
+  return "\n".join(lines)
+
+
+@table("positional")
+def positional() -> str:
+  """Table 3 row E on Multi30k: sinusoidal against learned positions over seeds."""
+  lines = ["| positions | seeds | validation sacreBLEU | long sentences (50–82 tokens) | test2016 | "
+           "Δ validation | paired bootstrap p (each seed) | parameters |", "|---|---|---|---|---|---|---|---|"]
+  for variant in ("sinusoidal", "learned"):
+    rows = _study_runs(variant)
+    deltas = _floats(rows, "dev_delta")
+    ps = " / ".join(f"{p:.3f}" for p in _floats(rows, "dev_p"))
+    lines.append(
+        f"| {variant} | {len(rows)} | {mean_sd(_floats(rows, 'dev_ema_bleu'))} | "
+        f"{mean_sd(_floats(rows, 'long_ema_bleu'))} | "
+        f"{mean_sd(_floats(rows, 'test_2016_flickr_ema_bleu'))} | "
+        f"{mean_sd(deltas, sign='+') if deltas else '–'} | {ps or '–'} | {int(rows[0]['params']) / 1e6:.2f}M |")
+  return "\n".join(lines)
+
+
+@table("positional-study")
+def positional_study() -> str:
+  """Every positional kind at the full default recipe: BLEU on each set (the moving average's),
+  the difference from the sinusoids of the same seed and its paired bootstrap p, the machines."""
+  with open(STUDY / "results.csv") as f:
+    kinds = list(dict.fromkeys(r["variant"] for r in csv.DictReader(f)))
+  sets = {"dev": "validation", "long": "long", **HELD_OUT}
+  lines = ["| kind | seeds | " + " | ".join(sets.values()) + " | Δ validation (p) | Δ long (p) | "
+           "trained on |", "|---|---|" + "---|" * len(sets) + "---|---|---|"]
+  for kind in kinds:
+    rows = _study_runs(kind)
+    if not rows:
+      lines.append(f"| {kind} | 0 | " + " | ".join("–" for _ in sets) + " | – | – | |")
+      continue
+    cells = [mean_sd(_floats(rows, f"{name}_ema_bleu")) for name in sets]
+    differences = []
+    for name in ("dev", "long"):
+      deltas, ps = _floats(rows, f"{name}_delta"), _floats(rows, f"{name}_p")
+      p_values = " / ".join(f"{p:.3f}" for p in ps)
+      differences.append(f"{mean_sd(deltas, sign='+')} ({p_values})" if deltas else "–")
+    machines = ", ".join(sorted({_cpu_name(r["machine"]) for r in rows if r["machine"]}))
+    lines.append(f"| {kind} | {len(rows)} | {' | '.join(cells)} | {' | '.join(differences)} | "
+                 f"{machines} |")
+  return "\n".join(lines)
+
+
+SIGNIFICANT = 0.05  # a seed's paired bootstrap p below this counts as a significant difference
+
+
+@table("positional-verdict")
+def positional_verdict() -> str:
+  """Each kind's difference from the sinusoids on every set, with the seeds in which it is
+  significant in the mean's direction, beside the sinusoids' own seed-to-seed spread."""
+  sets = {"dev": "validation", **HELD_OUT, "long": "long (past the training lengths)"}
+  sinusoids = _study_runs("sinusoidal")
+  lines = ["| kind | " + " | ".join(f"Δ {label}" for label in sets.values()) + " |",
+           "|---|" + "---|" * len(sets),
+           f"| seed-to-seed spread: the sinusoids' std over {len(sinusoids)} seeds | "
+           + " | ".join(f"± {statistics.stdev(_floats(sinusoids, f'{name}_ema_bleu')):.2f}"
+                        for name in sets) + " |"]
+  for kind in dict.fromkeys(r["variant"] for r in _study_runs()):
+    rows = [r for r in _study_runs(kind) if r.get("dev_delta")]
+    if not rows:
+      continue
+    cells = []
+    for name in sets:
+      deltas, ps = _floats(rows, f"{name}_delta"), _floats(rows, f"{name}_p")
+      mean = statistics.mean(deltas)
+      agree = sum(p < SIGNIFICANT and d * mean > 0 for d, p in zip(deltas, ps))
+      cells.append(f"{mean_sd(deltas, sign='+')} ({agree}/{len(deltas)})")
+    lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
