@@ -25,12 +25,16 @@ import numpy as np
 
 from transformer.data import vocab as vocab_lib
 from transformer.errors import ConfigError
+from transformer.model.config import ModelConfig
 from transformer.training import checkpoints
 
 log = logging.getLogger("transformer")
 
 # Model keys a fine-tuning run may set itself: how it trains, not what the parameters compute.
 TRAINING_ONLY = ("dropout", "attention_dropout", "dtype", "matmul_dtype", "attention", "remat")
+# Keys whose 0 means "derived from the others", named by what they resolve to: a run written with
+# decoder_layers=2 and one with 0 and num_layers=2 have the same decoder, and the log says nothing.
+RESOLVED = {"decoder_layers": "num_decoder_layers", "d_k": "key_dim", "d_v": "value_dim"}
 
 
 def _source(cfg: ml_collections.ConfigDict) -> Path:
@@ -47,12 +51,15 @@ def with_architecture(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDi
     return cfg
   source = _source(cfg)
   theirs = checkpoints.load_run_config(source)
+  before = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
   cfg = ml_collections.ConfigDict(cfg.to_dict())
-  changed = []
-  for key in theirs.model:
-    if key not in TRAINING_ONLY and key in cfg.model and cfg.model[key] != theirs.model[key]:
-      changed.append(f"model.{key}={theirs.model[key]!r}")
-      cfg.model[key] = theirs.model[key]
+  copied = [key for key in theirs.model
+            if key not in TRAINING_ONLY and key in cfg.model and cfg.model[key] != theirs.model[key]]
+  for key in copied:
+    cfg.model[key] = theirs.model[key]
+  after = ModelConfig.from_config(cfg.model, cfg.data.vocab_size)
+  changed = [f"model.{key}={theirs.model[key]!r}" for key in copied
+             if key not in RESOLVED or getattr(before, RESOLVED[key]) != getattr(after, RESOLVED[key])]
   if cfg.data.vocab_size != theirs.data.vocab_size:
     changed.append(f"data.vocab_size={theirs.data.vocab_size}")
     cfg.data.vocab_size = theirs.data.vocab_size
