@@ -7,6 +7,9 @@ transformers are missing these are skipped with the install line."""
 import gzip
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -205,6 +208,22 @@ def test_a_folder_that_holds_no_marian_model_is_refused_in_one_line(tmp_path):
                  f"--workdir={tmp_path / 'run'}")
   assert done.returncode != 0
   assert f"--model={tmp_path} holds no config.json: it is not a Marian model's folder" in done.stderr
+  assert not (tmp_path / "run").exists()
+
+
+def test_an_installed_package_without_the_default_config_asks_for_one(tmp_path):
+  """Outside a repository checkout (a non-editable install) there is no configs/multi30k.py."""
+  program = ("import sys; from pathlib import Path; from transformer.evaluation import marian_import as m; "
+             f"m.DEFAULT_CONFIG = Path({str(tmp_path / 'configs' / 'multi30k.py')!r}); m.run()")
+  done = subprocess.run([sys.executable, "-c", program, f"--model={tmp_path}",
+                         f"--workdir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True,
+                        text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert done.returncode == 2, done.stderr
+  assert done.stderr.strip().splitlines()[-1] == (
+      "transformer-import: error: pass --config=A_CONFIG_FILE (its data, training and decoding "
+      "settings; e.g. configs/multi30k.py of the repository): the default, "
+      f"{tmp_path / 'configs' / 'multi30k.py'}, is not there (an installed package has no "
+      "configs/ folder)")
   assert not (tmp_path / "run").exists()
 
 

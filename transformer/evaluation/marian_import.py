@@ -186,8 +186,11 @@ def import_marian(model: str, workdir: str | Path, cfg: ml_collections.ConfigDic
 def main(argv: list[str]) -> None:
   if FLAGS.model is None or FLAGS.workdir is None:
     raise app.UsageError("pass --format=huggingface --model=DIR_OR_HUB_NAME --workdir=NEW_DIR")
-  cfg = FLAGS.config
-  out = import_marian(FLAGS.model, FLAGS.workdir, cfg)
+  if FLAGS.config is None:
+    raise app.UsageError(f"pass --config=A_CONFIG_FILE (its data, training and decoding settings; "
+                         f"e.g. configs/multi30k.py of the repository): the default, {DEFAULT_CONFIG}, "
+                         "is not there (an installed package has no configs/ folder)")
+  out = import_marian(FLAGS.model, FLAGS.workdir, FLAGS.config)
   print(f"imported {FLAGS.model} into {out}; evaluate it with: transformer-eval --workdir={out}; "
         f"fine-tune it with: transformer-train --workdir=NEW_RUN --config.train.init_from={out}")
 
@@ -199,8 +202,9 @@ def run() -> None:
   flags.DEFINE_string("model", None, "A folder MarianMTModel.save_pretrained and MarianTokenizer."
                       "save_pretrained wrote, or a hub name (e.g. Helsinki-NLP/opus-mt-en-de).")
   flags.DEFINE_string("workdir", None, "New run folder to write.")
-  config_flags.DEFINE_config_file("config", str(DEFAULT_CONFIG), "The run's data, training and "
-                                  "decoding settings (its model section comes from the import).")
+  default = str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None  # a repository checkout's
+  config_flags.DEFINE_config_file("config", default, "The run's data, training and decoding "
+                                  "settings (its model section comes from the import).")
   run_program("transformer-import", main, compilation_cache=False)
 
 
