@@ -7,6 +7,7 @@ import json
 import statistics
 from pathlib import Path
 
+from experiments.analyses.table3_lengths import SIGNIFICANT
 from experiments.tables import REPO, RESULTS, markdown_rows, mean_sd, table
 
 STUDY = RESULTS / "positional_full"  # the positional study: every kind, 3 seeds, the default run
@@ -174,9 +175,6 @@ def positional_study() -> str:
     lines.append(f"| {kind} | {len(rows)} | {' | '.join(cells)} | {' | '.join(differences)} | "
                  f"{machines} |")
   return "\n".join(lines)
-
-
-SIGNIFICANT = 0.05  # a seed's paired bootstrap p below this counts as a significant difference
 
 
 @table("positional-verdict")
