@@ -202,7 +202,7 @@ def versus_ctranslate2() -> str:
 @table("versus-huggingface")
 def versus_huggingface() -> str:
   """Transformers' Marian beside ours and CTranslate2 on the exported default model, one CPU."""
-  path = RESULTS / "versus_huggingface" / "trained_xeon.json"
+  path = RESULTS / "versus_huggingface" / "trained_xeon_model207.json"
   r = json.loads(path.read_text())
   scores = r["huggingface_scores"]
   lines = [f"{r['cpu_count']}-core {r['cpu']}, JAX {r['jax']} on {r['jax_devices']} devices, "
