@@ -987,3 +987,30 @@ def test_one_run_at_a_time_inherits_the_environment_and_a_set_memory_fraction_is
   assert sweep.side_by_side_env(4)[sweep.MEMORY_FRACTION] == "0.225"
   monkeypatch.setenv(sweep.MEMORY_FRACTION, "0.1")
   assert sweep.side_by_side_env(4) is None
+
+
+def test_the_pooled_test_takes_every_seed_of_a_variant_as_one_test_set(tmp_path):
+  """Each seed's translations after one another, against the base's of the same seeds: the paired
+  bootstrap of the concatenation; a variant with one such seed has none."""
+  grid = Grid("g", [Variant("base", {}), Variant("wide", {"model.d_ff": 64}),
+                    Variant("deep", {"model.num_layers": 2})])
+  runs = plan(grid, tiny_run_config(tmp_path), [], [0, 1], tmp_path / "exp", {})
+  refs = ["a dog runs across the green grass .", "two cats sleep on a red sofa .",
+          "a man rides a bike down the street .", "children play in the park ."]
+  worse = {0: ["a dog runs across grass .", *refs[1:]], 1: [*refs[:2], "a man rides down the street .", refs[3]]}
+  for run in runs:
+    if run.variant.name == "deep" and run.seed == 1:
+      continue  # deep has one seed evaluated
+    report = run.evals["dev"].report
+    report.parent.mkdir(parents=True)
+    hyps = refs if run.variant.name == "base" else worse[run.seed]
+    report.write_text(json.dumps({"sacrebleu": {"bleu": sacrebleu.corpus_bleu(hyps, [refs]).score}}))
+    report.with_suffix(".hyp.txt").write_text("\n".join(hyps) + "\n")
+  rows = [{"machine": None} for _ in runs]
+  results.add_significance(rows, runs, {"dev": refs})
+  pooled = significance.paired_bootstrap(refs + refs, worse[0] + worse[1], refs + refs)
+  by_run = {(run.variant.name, run.seed): row for run, row in zip(runs, rows)}
+  assert by_run["wide", 0]["dev_pooled_p"] == by_run["wide", 1]["dev_pooled_p"] == pytest.approx(pooled)
+  assert by_run["wide", 0]["dev_p"] == pytest.approx(significance.paired_bootstrap(refs, worse[0], refs))
+  assert by_run["deep", 0]["dev_pooled_p"] is None and by_run["deep", 0]["dev_p"] is not None
+  assert by_run["base", 0]["dev_pooled_p"] is None

@@ -180,7 +180,8 @@ def positional_study() -> str:
 @table("positional-verdict")
 def positional_verdict() -> str:
   """Each kind's difference from the sinusoids on every set, with the seeds in which it is
-  significant in the mean's direction, beside the sinusoids' own seed-to-seed spread."""
+  significant in the mean's direction and the p of all seeds pooled, beside the sinusoids' own
+  seed-to-seed spread."""
   sets = {"dev": "validation", **HELD_OUT, "long": "long (past the training lengths)"}
   sinusoids = _study_runs("sinusoidal")
   lines = ["| kind | " + " | ".join(f"Δ {label}" for label in sets.values()) + " |",
@@ -197,6 +198,8 @@ def positional_verdict() -> str:
       deltas, ps = _floats(rows, f"{name}_delta"), _floats(rows, f"{name}_p")
       mean = statistics.mean(deltas)
       agree = sum(p < SIGNIFICANT and d * mean > 0 for d, p in zip(deltas, ps))
-      cells.append(f"{mean_sd(deltas, sign='+')} ({agree}/{len(deltas)})")
+      pooled = _floats(rows[:1], f"{name}_pooled_p")
+      cells.append(f"{mean_sd(deltas, sign='+')} ({agree}/{len(deltas)}"
+                   + (f"; pooled {pooled[0]:.3f})" if pooled else ")"))
     lines.append(f"| {kind} | " + " | ".join(cells) + " |")
   return "\n".join(lines)

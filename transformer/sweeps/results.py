@@ -161,10 +161,16 @@ def add_significance(rows: list[dict[str, Any]], runs: Sequence[Any],
   for the sets in `references`, and row['<set>_delta']: the BLEU difference it tests; None for the
   first variant and where either run lacks the report or its translations. `pairs` (read_pairs)
   names another base run for some runs: its reports of the same names are compared instead
-  (row['paired_with'])."""
+  (row['paired_with']).
+
+  row['<set>_pooled_p'], the same in every row of a variant with two or more such seeds: the test
+  of all its seeds at once, each seed's translations and its base's one after another as one test
+  set of seeds x sentences (a difference every seed leans to, each too small to be significant on
+  its own, can be significant pooled; like each seed's p it resamples sentences, not trainings)."""
   by_key = {(run.variant.name, run.seed): run for run in runs}
   first = runs[0].variant.name if runs else None
   pairs = pairs or {}
+  seeds_of: dict[tuple[str, str], list[tuple[list[str], list[str]]]] = {}
   for row, run in zip(rows, runs):
     other = pairs.get((run.variant.name, run.seed))
     baseline = by_key.get((first, run.seed))
@@ -197,6 +203,14 @@ def add_significance(rows: list[dict[str, Any]], runs: Sequence[Any],
       hyps, base_hyps = translations(mine), translations(theirs)
       if hyps is not None and base_hyps is not None:
         row[f"{name}_p"] = significance.paired_bootstrap(base_hyps, hyps, refs)
+        seeds_of.setdefault((run.variant.name, name), []).append((base_hyps, hyps))
+  pooled = {key: significance.paired_bootstrap(
+                [h for base, _ in found for h in base], [h for _, mine in found for h in mine],
+                [r for _ in found for r in references[key[1]]])
+            for key, found in seeds_of.items() if len(found) > 1}
+  for row, run in zip(rows, runs):
+    for name in references:
+      row[f"{name}_pooled_p"] = pooled.get((run.variant.name, name))
 
 
 def mean_std(values: Sequence[float | None]) -> tuple[float, float, int] | None:
