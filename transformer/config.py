@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from transformer.data import sources
+from transformer.data import pretokenize, sources
 from transformer.data.batching import BATCHING_MODES
 from transformer.decoding.translator import OPTIONS as SEARCH_OPTIONS
 from transformer.errors import ConfigError
@@ -97,6 +97,9 @@ def _data_keys() -> ml_collections.ConfigDict:
   data.vocab_size = 37000           # shared SentencePiece vocabulary.
   data.vocab_model_type = "bpe"
   data.vocab_normalization = "identity"  # text as given; 'nmt_nfkc_cf': NFKC and lowercased.
+  data.pretokenize = "none"         # 'multi30k': train on the release's lowercased, normalised,
+                                    # Moses-tokenized text (its *.lc.norm.tok.* files), as the
+                                    # multimodal-MT literature does (data/pretokenize.py).
   data.subword_dropout = 0.0        # BPE-dropout while training: each merge skipped with this
                                     # probability (Provilkov et al., 2020); evaluation never samples.
   data.vocab_sample_sentences = 1_000_000  # training pairs sampled uniformly to train it.
@@ -249,6 +252,7 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
   _choice(cfg, "train.dropout_rng", RNG_IMPLS)
   _choice(cfg, "data.vocab_model_type", VOCAB_MODEL_TYPES)
   _choice(cfg, "data.vocab_normalization", VOCAB_NORMALIZATIONS)
+  _choice(cfg, "data.pretokenize", pretokenize.PRETOKENIZERS)
   _choice(cfg, "data.batching", BATCHING_MODES)
   _choice(cfg, "model.attention", ATTENTION_KERNELS)
   _choice(cfg, "model.remat", REMAT_MODES)

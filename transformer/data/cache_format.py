@@ -186,7 +186,8 @@ def _random_access(array: np.ndarray) -> None:
 
 def corpus_identity(data, split: str) -> tuple[str, str]:
   """(a short name for the cache directory, the full identity for the fingerprint) of a split."""
-  return sources.source_of(data).identity(data, split)
+  short, full = sources.source_of(data).identity(data, split)
+  return short + sources.text_identity(data), full + sources.text_identity(data)
 
 
 def cache_root(data) -> Path:

@@ -23,6 +23,7 @@ import ml_collections
 import numpy as np
 from etils import epath
 
+from transformer.data import pretokenize
 from transformer.errors import ConfigError, UserError
 from transformer.keys import Key
 
@@ -410,12 +411,23 @@ def source_of(data: ml_collections.ConfigDict) -> Source:
   return SOURCES[data.source]
 
 
-def open_split(data: ml_collections.ConfigDict, split: str) -> TfdsPairs | TextFilePairs:
-  """Random access to the pairs of `split` for the config's source; nothing is read up front (text
-  files are mapped, their line ends indexed)."""
-  return source_of(data).open(data, split)
+def open_split(data: ml_collections.ConfigDict, split: str
+               ) -> TfdsPairs | TextFilePairs | pretokenize.PretokenizedPairs:
+  """Random access to the pairs of `split` for the config's source, in the run's text form
+  (data.pretokenize): what training reads. Nothing is read up front (text files are mapped, their
+  line ends indexed)."""
+  pairs = source_of(data).open(data, split)
+  form = pretokenize.text_form(data)
+  return pairs if form.kind == "none" else pretokenize.PretokenizedPairs(pairs, form)
+
+
+def text_identity(data: ml_collections.ConfigDict) -> str:
+  """What the text form adds to the names and fingerprints of caches made from the text."""
+  kind = data.get("pretokenize", "none")
+  return "" if kind == "none" else f".pretokenize-{kind}"
 
 
 def load_split(data: ml_collections.ConfigDict, split: str) -> ParallelText:
-  """All sentence pairs of `split` ('train', the config's eval split, ...) in memory."""
+  """All sentence pairs of `split` ('train', the config's eval split, ...) in memory, as given (the
+  evaluation's sources and references; the translator puts them in the run's text form)."""
   return source_of(data).load(data, split)

@@ -202,9 +202,11 @@ def sample_sentences(source, num_pairs: int, seed: int) -> list[str]:
 
 
 def dataset_key(data: ml_collections.ConfigDict) -> str:
-  """Names the training data (its source's `vocabulary_key`), the training split and the languages."""
+  """Names the training data (its source's `vocabulary_key`), the training split, the languages and
+  the text form."""
   name = sources.source_of(data).vocabulary_key(data)
-  return f"{name}.{data.train_split}.{data.src_lang}-{data.tgt_lang}".replace("/", "_")
+  return (f"{name}.{data.train_split}.{data.src_lang}-{data.tgt_lang}{sources.text_identity(data)}"
+          .replace("/", "_"))
 
 
 def cache_dir(data: ml_collections.ConfigDict) -> Path:

@@ -27,6 +27,7 @@ from jax.sharding import Mesh, PartitionSpec
 from transformer import cli, decoding, partitioning, progress
 from transformer.data import batching, marian_vocab
 from transformer.data.batching import pad_rows
+from transformer.data.pretokenize import AS_GIVEN, TextForm
 from transformer.data.sources import normalise_controls
 from transformer.decoding import mbr, options
 from transformer.errors import ConfigError
@@ -194,10 +195,10 @@ def device_queues(members: Sequence[int], devices: int, per_device: int) -> np.n
   return rows.reshape(-1)
 
 
-def _source_ids(vocab: spm.SentencePieceProcessor, sentences: Sequence[str], max_source_len: int
-                ) -> tuple[list[list[int]], int]:
+def _source_ids(vocab: spm.SentencePieceProcessor, sentences: Sequence[str], max_source_len: int,
+                text_form: TextForm = AS_GIVEN) -> tuple[list[list[int]], int]:
   """Token ids with EOS ([] for an empty line) and how many were truncated to max_source_len."""
-  sentences = normalise_controls(sentences)[0]  # as training's token cache encoded them
+  sentences = text_form.source(normalise_controls(sentences)[0])  # as training's cache encoded them
   encoded = [vocab.encode(s) if s.strip() else [] for s in sentences]
   truncated = sum(len(e) > max_source_len - 1 for e in encoded)
   return [e[:max_source_len - 1] + [EOS_ID] if e else [] for e in encoded], truncated
@@ -355,18 +356,20 @@ def search_ids(models: Transformer | Sequence[Transformer], params: Any,
 def translate(models: Transformer | Sequence[Transformer], params: Any,
               vocab: spm.SentencePieceProcessor, sentences: Sequence[str],
               settings: SearchSettings, max_source_len: int,
-              compiled_cache: dict | None = None) -> Translations:
+              compiled_cache: dict | None = None, text_form: TextForm = AS_GIVEN) -> Translations:
   """Translates `sentences` (order kept) with one model or an ensemble (a sequence of models and
   one of their parameters, sharing `vocab`).
 
   Sources longer than `max_source_len` tokens are truncated (and counted). Empty sources give empty
   translations. beam_size 1 is greedy search; `settings.search` 'sample' samples (one key per
   sentence, from `settings.seed` and the sentence's index, so a sentence's sample does not depend
-  on the batch it lands in).
+  on the batch it lands in). `text_form`: the run's (pretokenize.text_form(config.data)): sources
+  are put in the form the run was trained on, translations taken out of it.
   """
-  ids, truncated = _source_ids(vocab, sentences, max_source_len)
+  ids, truncated = _source_ids(vocab, sentences, max_source_len, text_form)
   results, stats = search_ids(models, params, ids, settings, max_source_len, compiled_cache)
-  nbest = [[{"text": vocab.decode(tokens[:-1] if tokens[-1:] == [EOS_ID] else tokens),
+  text = lambda tokens: text_form.output(vocab.decode(tokens))
+  nbest = [[{"text": text(tokens[:-1] if tokens[-1:] == [EOS_ID] else tokens),
              "score": score, "log_prob": log_prob, "tokens": len(tokens)}
             for tokens, score, log_prob in hypotheses] for hypotheses in results]
   chosen = [0] * len(nbest)
@@ -386,17 +389,19 @@ def _scoring_fn(models: tuple[Transformer, ...]) -> Callable:
 
 def score(models: Transformer | Sequence[Transformer], params: Any,
           vocab: spm.SentencePieceProcessor, sources: Sequence[str], targets: Sequence[str],
-          tokens_per_batch: int, max_len: int) -> list[dict[str, Any]]:
+          tokens_per_batch: int, max_len: int, text_form: TextForm = AS_GIVEN
+          ) -> list[dict[str, Any]]:
   """Forced decoding: the log-probability of each target sentence given its source, and of each of
   its tokens (EOS included), as training computes them. Returns per pair: log_prob, tokens,
   token_log_probs, pieces. A side longer than `max_len` tokens or an empty target is an error (a
-  truncated target would get the score of another sentence)."""
+  truncated target would get the score of another sentence). `text_form`: as `translate`'s."""
   models, params = decoding.as_ensemble(models, params)
   if len(sources) != len(targets):
     raise ConfigError(f"{len(sources)} source lines but {len(targets)} target lines; give one "
                       "target per source")
   src_ids, tgt_ids = [], []
-  sources, targets = normalise_controls(sources)[0], normalise_controls(targets)[0]
+  sources = text_form.source(normalise_controls(sources)[0])
+  targets = text_form.target(normalise_controls(targets)[0])
   for n, (s, t) in enumerate(zip(sources, targets), 1):
     src = marian_vocab.side(vocab, "source").encode(s) + [EOS_ID]
     tgt = marian_vocab.side(vocab, "target").encode(t) + [EOS_ID]

@@ -24,27 +24,28 @@ Never report BLEU on subword ids or on the model's own tokenization.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable, Sequence
 
 from sacrebleu.metrics import BLEU, CHRF
-from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+from transformer.data.pretokenize import moses, multi30k_tokenize
 
 COMPOUND_HYPHEN = re.compile(r"(\S)-(\S)")  # get_ende_bleu.sh's, with its non-overlapping matches
-QUOTE_IN_WORD = re.compile(r"([a-z])[‘’]([a-z])")  # Moses 3a0631a's rule: ASCII letters only
 
 
-def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
-  """Corpus sacreBLEU (cased, 13a) of one hypothesis per reference line, with its signature."""
+def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str],
+                    lowercase: bool = False) -> dict:
+  """Corpus sacreBLEU (cased, 13a) of one hypothesis per reference line, with its signature;
+  `lowercase`: uncased (for a run that writes lowercased text; the signature says case:lc)."""
   if len(hypotheses) != len(references):
     raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-  metric = BLEU(tokenize="13a", lowercase=False)
+  metric = BLEU(tokenize="13a", lowercase=lowercase)
   result = metric.corpus_score(list(hypotheses), [list(references)])
   return {"bleu": result.score, "signature": str(metric.get_signature()),
           "precisions": result.precisions, "brevity_penalty": result.bp,
           "hyp_len": result.sys_len, "ref_len": result.ref_len, "lines": len(references),
-          "case": "cased", "tokenizer": "13a"}
+          "case": "lowercased" if lowercase else "cased", "tokenizer": "13a"}
 
 
 def chrf_score(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
@@ -62,15 +63,10 @@ def compound_split(tokenized: str) -> str:
   return COMPOUND_HYPHEN.sub(r"\1 ##AT##-##AT## \2", tokenized)
 
 
-@functools.lru_cache(maxsize=8)
-def _moses(lang: str) -> tuple[MosesPunctNormalizer, MosesTokenizer]:
-  return MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
-
-
 def paper_tokenize(sentence: str, lang: str) -> str:
   """Unicode punctuation replaced, Moses-tokenized (tokenizer.perl's rules and escaping for `lang`),
   compounds split: get_ende_bleu.sh's steps."""
-  punctuation, tokenizer = _moses(lang)
+  punctuation, tokenizer = moses(lang)
   text = punctuation.replace_unicode_punct(sentence)
   return compound_split(tokenizer.tokenize(text, return_str=True, escape=True))
 
@@ -97,21 +93,6 @@ def multi_bleu(hypotheses: Sequence[str], references: Sequence[str],
   return {"bleu": result.score, "precisions": result.precisions, "brevity_penalty": result.bp,
           "hyp_len": result.sys_len, "ref_len": result.ref_len, "lines": len(references),
           "smoothing": "none (multi-bleu.perl)"}
-
-
-def multi30k_tokenize(sentence: str, lang: str) -> str:
-  """The Multi30k release's `*.lc.norm.tok.*` preprocessing: lowercased, punctuation normalised and
-  Moses-tokenized by sacremoses' ports of the perl scripts, with two things the release's Moses
-  (3a0631a) did that sacremoses does not: a single quote mark (‘ ’ ‚) becomes an apostrophe only
-  between two ASCII letters and a double quote elsewhere (so "d’œil" -> `d &quot; œil`), and the
-  perl scripts saw each line's newline (so normalize-punctuation's `."` -> `".` applies at a line's
-  end). Reproduces the release's train, val and test files for en, de and fr: of 97,425 lines one
-  differs, by a trailing space (tests/test_bleu.py checks the bundled validation set)."""
-  text = QUOTE_IN_WORD.sub(r"\1'\2", sentence.lower())
-  text = text.replace("‘", '"').replace("’", '"').replace("‚", '"')
-  punctuation, tokenizer = _moses(lang)
-  text = punctuation.normalize(text + "\n").strip()
-  return tokenizer.tokenize(text, return_str=True, escape=True).strip()
 
 
 def lc_tok_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> dict:

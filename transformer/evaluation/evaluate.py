@@ -29,7 +29,7 @@ from absl import app, flags
 
 from transformer import progress
 from transformer.cli import define_progress_flag, run_program
-from transformer.data import sources
+from transformer.data import pretokenize, sources
 from transformer.decoding import translator
 from transformer.errors import ConfigError
 from transformer.evaluation import bleu
@@ -112,12 +112,14 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
            ", ".join(f"{k} {v}" for k, v in settings.describe().items()))
   t = time.time()
   result = translator.translate(models, params, vocab, text.source, settings,
-                                max_source_len=cfg.data.max_len, compiled_cache=compiled_cache)
+                                max_source_len=cfg.data.max_len, compiled_cache=compiled_cache,
+                                text_form=pretokenize.text_form(cfg.data))
   hypotheses, stats = result.hypotheses, result.stats
   if stats["truncated_sources"]:
     log.warning("%d source sentences were longer than %d tokens and were truncated",
                 stats["truncated_sources"], cfg.data.max_len)
-  score = bleu.sacrebleu_score(hypotheses, text.target)
+  lowercased = pretokenize.text_form(cfg.data).lowercases  # then sacreBLEU is uncased too
+  score = bleu.sacrebleu_score(hypotheses, text.target, lowercase=lowercased)
   chrf = bleu.chrf_score(hypotheses, text.target)
   paper_score = bleu.tokenized_bleu(hypotheses, text.target, cfg.data.tgt_lang)
   lc_tok = bleu.lc_tok_bleu(hypotheses, text.target, cfg.data.tgt_lang)

@@ -27,7 +27,7 @@ from absl import app, flags
 
 from transformer import progress
 from transformer.cli import define_progress_flag, run_program
-from transformer.data import sources
+from transformer.data import pretokenize, sources
 from transformer.decoding import translator
 from transformer.evaluation.evaluate import nbest_lines
 from transformer.files import writable_file, write_atomically
@@ -81,14 +81,16 @@ def main(argv: list[str]) -> None:
   if targets is not None:
     scores = translator.score(models, params, vocab, sentences, targets,
                               tokens_per_batch=settings.tokens_per_batch,
-                              max_len=cfg.data.max_len)
+                              max_len=cfg.data.max_len,
+                              text_form=pretokenize.text_form(cfg.data))
     write_output([json.dumps(s, ensure_ascii=False) for s in scores], FLAGS.output_file)
     tokens = sum(s["tokens"] for s in scores)
     log.info("Scored %d pairs with step %d: mean NLL %.4f per target token (%d tokens)",
              len(scores), steps[-1], -sum(s["log_prob"] for s in scores) / tokens, tokens)
     return
   result = translator.translate(models, params, vocab, sentences, settings,
-                                max_source_len=cfg.data.max_len)
+                                max_source_len=cfg.data.max_len,
+                                text_form=pretokenize.text_form(cfg.data))
   stats = result.stats
   if stats["truncated_sources"]:
     log.warning("%d input lines were longer than %d tokens and were truncated to that length",

@@ -39,12 +39,15 @@ class Grid:
 
   `test_sets` name builders in transformer/sweeps/test_sets.py (e.g. 'long': sentences longer than any in
   training); the dev split of the base config is always evaluated. `by_length`: also tabulate and
-  draw the dev set's BLEU by source length (transformer/sweeps/by_length.py).
+  draw the dev set's BLEU by source length (transformer/sweeps/by_length.py). `average_last`: score
+  the mean of each run's last this many checkpoints (transformer-eval --average_last), which every
+  variant must keep (train.keep_checkpoints).
   """
   name: str
   variants: Sequence[Variant]
   test_sets: Sequence[str] = ()
   by_length: bool = False
+  average_last: int = 1
 
   def __post_init__(self):
     names = [v.name for v in self.variants]
@@ -56,6 +59,9 @@ class Grid:
     bad = [n for n in names if not n or "/" in n or n.startswith(".")]
     if bad:
       raise ConfigError(f"grid {self.name!r}: variant names must be plain folder names, got {bad}")
+    if not isinstance(self.average_last, int) or self.average_last < 1:
+      raise ConfigError(f"grid {self.name!r}: average_last must be a positive number of "
+                        f"checkpoints, got {self.average_last!r}")
 
 
 def table3() -> Grid:

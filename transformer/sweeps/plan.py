@@ -63,13 +63,26 @@ def flag_value(value) -> str:
   return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def evaluation(workdir: Path, step: int, test_set: str, args: list[str], min_len: int = 0
-               ) -> Evaluation:
-  """transformer-eval of the run's step on one test set (its flags in `args`) and its reports
-  (`min_len`: the minimum output length the search will use, which names them)."""
-  return Evaluation(evaluate.report_path(workdir, test_set, step, min_len=min_len),
-                    evaluate.report_path(workdir, test_set, step, ema=True, min_len=min_len),
-                    ["transformer-eval", f"--workdir={workdir}", f"--step={step}", *args])
+def evaluation(workdir: Path, step: int, test_set: str, args: list[str], min_len: int = 0,
+               average_last: int = 1) -> Evaluation:
+  """transformer-eval of the run's step (or the mean of its last `average_last` checkpoints) on one
+  test set (its flags in `args`) and its reports (`min_len`: the minimum output length the search
+  will use, which names them)."""
+  averaging = [f"--average_last={average_last}"] if average_last > 1 else []
+  return Evaluation(
+      evaluate.report_path(workdir, test_set, step, average_last, min_len=min_len),
+      evaluate.report_path(workdir, test_set, step, average_last, ema=True, min_len=min_len),
+      ["transformer-eval", f"--workdir={workdir}", f"--step={step}", *averaging, *args])
+
+
+def check_averaging(grid: Grid, variant: Variant, cfg: ml_collections.ConfigDict) -> None:
+  """Refuses, before anything trains, a grid that would average more checkpoints than a run keeps."""
+  if grid.average_last > cfg.train.keep_checkpoints:
+    raise ConfigError(f"grid {grid.name} scores the mean of the last {grid.average_last} "
+                      f"checkpoints, but variant {variant.name} keeps "
+                      f"{cfg.train.keep_checkpoints} (train.keep_checkpoints): keep at least "
+                      f"{grid.average_last} (--base.train.keep_checkpoints={grid.average_last}) or "
+                      "average fewer")
 
 
 def plan(grid: Grid, base: ml_collections.ConfigDict, base_args: list[str], seeds: list[int],
@@ -80,6 +93,7 @@ def plan(grid: Grid, base: ml_collections.ConfigDict, base_args: list[str], seed
   for seed in seeds:
     for variant in grid.variants:
       cfg = variant_config(base, variant, seed)
+      check_averaging(grid, variant, cfg)
       workdir = root / variant.name / f"seed{seed}"
       overrides = [f"--config.{k}={flag_value(v)}" for k, v in variant.overrides.items()]
       train = ["transformer-train", *base_args, *overrides, f"--config.seed={seed}",
@@ -88,12 +102,13 @@ def plan(grid: Grid, base: ml_collections.ConfigDict, base_args: list[str], seed
       split = cfg.data.eval_split
       search = [] if min_len is None else [f"--min_len={min_len}"]
       shortest = cfg.decode.min_len if min_len is None else min_len
-      evals = {"dev": evaluation(workdir, step, split, [f"--split={split}", *search], shortest)}
+      evals = {"dev": evaluation(workdir, step, split, [f"--split={split}", *search], shortest,
+                                 grid.average_last)}
       for name, files in test_set_files.items():
         evals[name] = evaluation(workdir, step, evaluate.test_set_name(None, files["source_file"]),
                                  [f"--source_file={files['source_file']}",
                                   f"--reference_file={files['reference_file']}", *search],
-                                 shortest)
+                                 shortest, grid.average_last)
       runs.append(Run(variant, seed, workdir, cfg, train, evals))
   return runs
 

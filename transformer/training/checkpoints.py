@@ -48,7 +48,8 @@ def fixed_keys() -> dict[str, tuple[str, ...] | None]:
   """The keys a resumed run must keep, by section (None: every key): the whole model, and what
   decides the training data and its vocabulary (each source's own `fixed` keys among them)."""
   data = ("source", "src_lang", "tgt_lang", *(k.name for k in sources.all_keys() if k.fixed),
-          "train_split", "vocab_size", "vocab_model_type", "vocab_normalization")
+          "train_split", "vocab_size", "vocab_model_type", "vocab_normalization",
+          "pretokenize")
   return {"model": None, "data": data}
 
 
