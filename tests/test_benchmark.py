@@ -6,7 +6,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import tiny_run_config
+from helpers import run_cli, tiny_run_config
 
 from transformer.accelerators import benchmark as benchmark_lib
 from transformer.accelerators.benchmark import benchmark, spread
@@ -196,3 +196,17 @@ def test_the_loop_benchmark_trains_what_the_step_alone_trains(tmp_path):
   assert result["loop_target_tokens_per_sec"] > 0 and result["step_target_tokens_per_sec"] > 0
   assert math.isclose(result["loop_over_step"], result["loop_target_tokens_per_sec"]
                       / result["step_target_tokens_per_sec"])
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--loop=-5", "flag --loop=-5: -5 is not a non-negative integer"),
+    ("--steps=0", "flag --steps=0: 0 is not a positive integer"),
+    ("--batches=-3", "flag --batches=-3: -3 is not a positive integer"),
+])
+def test_counts_below_their_floor_are_refused_before_anything_runs(tmp_path, flag, message):
+  output = tmp_path / "report.json"
+  done = run_cli("transformer.accelerators.benchmark", "--config=configs/multi30k.py", flag,
+                 f"--output={output}")
+  assert done.returncode == 2
+  assert message in done.stderr and "Traceback" not in done.stderr
+  assert not output.exists()

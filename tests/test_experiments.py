@@ -627,6 +627,16 @@ def test_paired_bootstrap_is_koehns_test_on_sacrebleu(rng, metric):
     significance.paired_bootstrap(poor, good[:29], refs)
 
 
+def test_two_systems_with_the_same_bleu_are_never_significantly_different():
+  # Two seeds that both score 0.0 with different (wrong) translations: a zero difference.
+  refs = ["ein mann fährt rad", "zwei hunde spielen im schnee", "eine frau liest"] * 10
+  one = ["katze"] * 30
+  other = ["baum haus"] * 30
+  assert sacrebleu.corpus_bleu(one, [refs]).score == sacrebleu.corpus_bleu(other, [refs]).score == 0
+  assert significance.paired_bootstrap(one, other, refs) == 1.0
+  assert significance.paired_bootstrap(one, other, refs, metric=bleu_lib.multi_bleu_metric()) == 1.0
+
+
 def test_compare_translations_scores_both_bleus_and_their_p(tmp_path, rng):
   """A system that writes the baseline's translations lowercased: the lowercased tokenized BLEU
   cannot tell them apart (p = 1), cased sacreBLEU can; each score is the library's own."""

@@ -388,23 +388,23 @@ def run() -> None:
   """Console-script entry point."""
   config_flags.DEFINE_config_file("config", None, "Path to a get_config() file.")
   flags.DEFINE_integer("batch_tokens", None, "Target tokens per step (as many source tokens; "
-                       "default: the config's data.tokens_per_batch).")
-  flags.DEFINE_integer("seq_len", 32, "Tokens per sentence of the synthetic batch.")
-  flags.DEFINE_integer("steps", 20, "Timed steps.")
-  flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
+                       "default: the config's data.tokens_per_batch).", lower_bound=1)
+  flags.DEFINE_integer("seq_len", 32, "Tokens per sentence of the synthetic batch.", lower_bound=1)
+  flags.DEFINE_integer("steps", 20, "Timed steps.", lower_bound=1)
+  flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.", lower_bound=0)
   flags.DEFINE_integer("decode_sentences", -1, "Sentences to decode with greedy and beam search "
-                       "(-1 = the config's whole evaluation split, or 1000 synthetic ones; 0 = skip).")
-  flags.DEFINE_float("peak_tflops", None, "Peak TFLOP/s per device for MFU (default: the table).")
+                       "(-1 = the config's whole evaluation split, or 1000 synthetic ones; 0 = skip).", lower_bound=-1)
+  flags.DEFINE_float("peak_tflops", None, "Peak TFLOP/s per device for MFU (default: the table).", lower_bound=0.0)
   flags.DEFINE_bool("measure_peak", False, "Measure the peak with a large matmul instead.")
-  flags.DEFINE_integer("checkpoint_saves", 3, "Timed asynchronous checkpoint saves (0 = skip).")
+  flags.DEFINE_integer("checkpoint_saves", 3, "Timed asynchronous checkpoint saves (0 = skip).", lower_bound=0)
   flags.DEFINE_string("checkpoint_dir", None, "Where to write them (default: a temporary "
                       "directory); put it on the disk of your workdirs.")
   flags.DEFINE_integer("reference", 0, "Also decode this many of the beam search's sentences with "
                        "reference.beam_search (full forward passes, no cache) and report whether "
-                       "the hypotheses and scores agree (slow: a check, not a timing).")
+                       "the hypotheses and scores agree (slow: a check, not a timing).", lower_bound=0)
   flags.DEFINE_integer("real_batches", 0, "Also time this many steps on the config's own training "
                        "batches (padding included; all their shapes compiled first) and report "
-                       "real target tokens/s, the figure the training log prints.")
+                       "real target tokens/s, the figure the training log prints.", lower_bound=0)
   flags.DEFINE_string("shapes", None, "Also time the step at these row lengths, as the real loader "
                       "makes them: 'buckets' (every length bucket up to data.max_len), 'packed' "
                       "(rows of data.pack_length) or lengths like 8,16,32,64,128,256; tokens/s and "
@@ -417,17 +417,17 @@ def run() -> None:
   define_distributed_flags()
   flags.DEFINE_bool("input_pipeline", False, "Time the config's training loader instead "
                     "(transformer/data/input_benchmark.py).")
-  flags.DEFINE_integer("batches", 200, "Batches to time with --input_pipeline.")
+  flags.DEFINE_integer("batches", 200, "Batches to time with --input_pipeline.", lower_bound=1)
   flags.DEFINE_integer("loop", 0, "Time the real training loop for this many steps (after one "
                        "untimed progress interval) beside the step alone on the same batches "
-                       "(transformer/accelerators/loop_benchmark.py).")
+                       "(transformer/accelerators/loop_benchmark.py).", lower_bound=0)
   flags.DEFINE_list("loader_workers", ["0"], "With --input_pipeline: Grain worker counts to time.")
   flags.DEFINE_list("stub_step_ms", ["50", "12"], "With --input_pipeline: the stand-in training "
                     "loop's step times (ms).")
   flags.DEFINE_integer("busy_cores", 0, "With --input_pipeline: measure beside this many processes "
                        "that keep a core each busy (a loaded host: a CPU step, a GPU host's own "
-                       "work); the record holds the load average.")
-  flags.DEFINE_integer("stub_steps", 200, "With --input_pipeline: steps of the stand-in loop.")
+                       "work); the record holds the load average.", lower_bound=0)
+  flags.DEFINE_integer("stub_steps", 200, "With --input_pipeline: steps of the stand-in loop.", lower_bound=1)
   flags.DEFINE_string("token_cache", None, "With --input_pipeline: time this token cache (e.g. "
                       "a synthetic one) with the config's batch settings.")
   run_program("transformer-benchmark", main)

@@ -28,14 +28,17 @@ def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], references:
   if not len(baseline) == len(system) == len(references):
     raise ValueError(f"paired test needs one translation per reference: {len(baseline)} and "
                      f"{len(system)} translations for {len(references)} references")
-  if list(baseline) == list(system):
-    return 1.0  # nothing differs (sacreBLEU would report its smallest p for a zero difference)
+  metric = metric or BLEU()
+  if list(baseline) == list(system) or (
+      metric.corpus_score(list(baseline), [list(references)]).score
+      == metric.corpus_score(list(system), [list(references)]).score):
+    return 1.0  # no difference is never significant (sacreBLEU would give its smallest p)
   sacrebleu_log = logging.getLogger("sacrebleu")
   level = sacrebleu_log.level
   sacrebleu_log.setLevel(logging.WARNING)  # it logs every stage of the test at INFO
   try:
     test = PairedTest([("baseline", list(baseline)), ("system", list(system))],
-                      {"BLEU": metric or BLEU()}, [list(references)], test_type="bs",
+                      {"BLEU": metric}, [list(references)], test_type="bs",
                       n_samples=resamples)
     _, scores = test()
   finally:
