@@ -1,4 +1,4 @@
-"""Training survives SIGTERM, SIGINT and kill -9 at any moment and ends bit-identical to a run that
+"""Training survives SIGTERM, SIGHUP, SIGINT and kill -9 at any moment and ends bit-identical to a run that
 was never interrupted; a full disk stops it with the previous checkpoint intact."""
 
 import concurrent.futures
@@ -107,11 +107,12 @@ def uninterrupted(cfg, tmp_path):
 
 
 def stopped_by_signals(cfg, tmp_path):
-  """SIGTERM (a preemption notice) and SIGINT (Ctrl-C): the step finishes, a checkpoint is written
-  at it, the program exits with status 75 and one line; the third start finishes the run."""
+  """SIGTERM (a preemption notice), SIGHUP (a closed terminal) and SIGINT (Ctrl-C): the step
+  finishes, a checkpoint is written at it, the program exits with status 75 and one line; the
+  fourth start finishes the run."""
   workdir = tmp_path / "graceful"
   stops = []
-  for sig, after in ((signal.SIGTERM, 12), (signal.SIGINT, 33)):
+  for sig, after in ((signal.SIGTERM, 12), (signal.SIGHUP, 22), (signal.SIGINT, 33)):
     log = tmp_path / f"graceful_{sig.name}.log"
     proc = start_training(cfg, workdir, log)
     assert wait_until(proc, logged(log, f"step {after}/{STEPS}"))

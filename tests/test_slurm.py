@@ -83,11 +83,26 @@ def test_sbatch_options_the_config_cannot_use_are_refused_before_a_script_is_pri
                         ("--no-requeue", "--no-requeue forbids the requeue"),
                         ("--gpus-per-node=8 --ntasks-per-node=3",
                          "--ntasks-per-node=3 does not divide a node's 8 GPU(s)"),
-                        ("-N 2", "is not a long sbatch option")]:
+                        ("-N 2", "is not a long sbatch option"),
+                        ("--nodes=0", "--nodes=0 is not a positive whole number"),
+                        ("--nodes=-3", "--nodes=-3 is not a positive whole number"),
+                        ("--time=banana", "--time=banana is not a SLURM time limit"),
+                        ('"--time=2', "cannot split '\"--time=2' into options (No closing "
+                                      "quotation); close its quotes"),
+                        ("--time=1", "--time=1 gives each start 60 s, less than the 120 s"),
+                        ("--time=5 --signal=TERM@300", "leaving a start 0 s: it would be "
+                                                        "signalled while it starts up")]:
     args = train_flags(cfg, tmp_path / "run", **{"mesh.data": 2, "mesh.fsdp": 2})
     printed = run_cli("transformer.training.train", *args, "--print_sbatch", f"--sbatch={sbatch}")
     assert printed.returncode == 2 and printed.stdout == "", (sbatch, printed.stderr)
     assert words in printed.stderr and "Traceback" not in printed.stderr, printed.stderr
+  # A short limit gets a warning that fits it: a quarter of it, not the default 5 minutes.
+  for sbatch, signal in [("--time=2", "TERM@30"), ("--time=5", "TERM@75"),
+                         ("--time=1-0", "TERM@300"), ("--time=10 --signal=TERM@60", "TERM@60")]:
+    printed = run_cli("transformer.training.train", *train_flags(cfg, tmp_path / "run"),
+                      "--print_sbatch", f"--sbatch={sbatch}")
+    assert printed.returncode == 0, printed.stderr
+    assert f"#SBATCH --signal={signal}\n" in printed.stdout
   broken = run_cli("transformer.training.train", *train_flags(cfg, tmp_path / "run", **{
       "train.warmup_steps": -1}), "--print_sbatch")
   assert broken.returncode == 2 and broken.stdout == ""

@@ -31,6 +31,10 @@ from transformer.errors import ConfigError, UserError
 from transformer.stops import EXIT_STOPPED
 
 SIGNAL_SECONDS = 300  # the trainer's step, a validation and a checkpoint write fit in 5 minutes
+SHORTEST_LIMIT = 120  # seconds: a shorter job would spend its whole start starting up
+SHORTEST_WINDOW = 60  # seconds from a start to its warning (SLURM's own resolution is a minute)
+TIME_FORMATS = "MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS[:MINUTES[:SECONDS]]"
+COUNT_OPTIONS = ("nodes", "ntasks-per-node", "cpus-per-task")  # positive integers where given
 DEFAULT_OPTIONS = "--time=24:00:00"
 # Flags of ours that shape the script, not the command it runs.
 OWN_FLAGS = ("--print_sbatch", "--sbatch")
@@ -40,10 +44,62 @@ class SbatchError(UserError, ValueError):
   """sbatch options that cannot make a job of this command."""
 
 
+def time_limit_seconds(value: str) -> int | None:
+  """sbatch's --time in seconds (None: UNLIMITED / infinite); SbatchError for what SLURM would not
+  read."""
+  if value.lower() in ("unlimited", "infinite"):
+    return None
+  match = (re.fullmatch(r"(\d+)-(\d+)(?::(\d+))?(?::(\d+))?", value)
+           or re.fullmatch(r"()(\d+)(?::(\d+))?(?::(\d+))?", value))
+  if not match:
+    raise SbatchError(f"--sbatch: --time={value} is not a SLURM time limit; write {TIME_FORMATS}, "
+                      "e.g. --time=24:00:00")
+  days, *parts = match.groups()
+  given = [int(p) for p in parts if p is not None]
+  if days:  # DAYS-HOURS[:MINUTES[:SECONDS]]
+    hours, minutes, seconds = (given + [0, 0])[:3]
+  elif len(given) == 3:
+    hours, minutes, seconds = given
+  else:  # MINUTES[:SECONDS]
+    hours, (minutes, seconds) = 0, (given + [0])[:2]
+  return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def signal_lead(opts: dict[str, str]) -> int:
+  """Seconds before the time limit at which the trainer is signalled to checkpoint: --signal's, else
+  SIGNAL_SECONDS, or a quarter of a limit shorter than four times that. SbatchError where the
+  limit leaves a start too little time to train (a limit under SHORTEST_LIMIT, or a lead that
+  leaves less than SHORTEST_WINDOW)."""
+  limit = time_limit_seconds(opts.get("time", options(DEFAULT_OPTIONS)["time"]))
+  given = opts.get("signal")
+  lead = int(given.rsplit("@", 1)[1]) if given else SIGNAL_SECONDS
+  if limit is None:
+    return lead
+  if limit < SHORTEST_LIMIT:
+    raise SbatchError(f"--sbatch: --time={opts['time']} gives each start {limit} s, less than the "
+                      f"{SHORTEST_LIMIT} s a start needs to load, compile and train a step before "
+                      f"its checkpoint warning; ask for --time={SHORTEST_LIMIT // 60} or more")
+  if given is None:
+    return min(lead, limit // 4)
+  if limit - lead < SHORTEST_WINDOW:
+    raise SbatchError(f"--sbatch: --signal={given} warns {lead} s before a limit of {limit} s "
+                      f"(--time={opts['time']}), leaving a start {max(limit - lead, 0)} s: it would "
+                      f"be signalled while it starts up and requeue for ever. Leave --signal out "
+                      f"(then the warning comes a quarter of a short limit before it), or give "
+                      f"--signal=TERM@{limit - SHORTEST_WINDOW} or less")
+  return lead
+
+
 def options(text: str) -> dict[str, str]:
-  """sbatch's long options in `text` ("--nodes=2 --time=1:00:00 --requeue"), as {name: value}."""
+  """sbatch's long options in `text` ("--nodes=2 --time=1:00:00 --requeue"), as {name: value};
+  SbatchError, naming the option and the fix, for what cannot make a job."""
   parsed = {}
-  for word in shlex.split(text):
+  try:
+    words = shlex.split(text)
+  except ValueError as e:
+    raise SbatchError(f"--sbatch: cannot split {text!r} into options ({e}); close its quotes, "
+                      "e.g. --sbatch=\"--time=24:00:00 --partition=gpu\"") from None
+  for word in words:
     match = re.fullmatch(r"--([a-z][a-z-]*)(?:=(.*))?", word)
     if not match:
       raise SbatchError(f"--sbatch: {word!r} is not a long sbatch option; write each as "
@@ -57,6 +113,13 @@ def options(text: str) -> dict[str, str]:
     raise SbatchError(f"--sbatch: --signal={signal}: the trainer checkpoints on SIGTERM sent to "
                       "its tasks; use --signal=TERM@SECONDS (not B:, which signals the batch "
                       "shell only, nor another signal)")
+  for name in COUNT_OPTIONS:
+    value = parsed.get(name)
+    if value is not None and not (value.isdigit() and int(value) >= 1):
+      raise SbatchError(f"--sbatch: --{name}={value} is not a positive whole number; give one "
+                        f"(e.g. --{name}=1)")
+  if "time" in parsed:
+    time_limit_seconds(parsed["time"])
   return parsed
 
 
@@ -111,6 +174,7 @@ def script(name: str, commands: Sequence[str], sbatch: str, log: str = "slurm-%j
   """A batch script running `commands` (shell lines, one per array task if several) under `srun`,
   requeued on exit status 75 (see the module docstring)."""
   opts = options(sbatch or DEFAULT_OPTIONS)
+  lead = signal_lead(opts)
   lines = ["#!/bin/bash",
            "# Made by --print_sbatch. At --signal's warning before the time limit (or a preemption)",
            "# the trainer saves a checkpoint and exits 75; this script then requeues the job, which",
@@ -119,7 +183,7 @@ def script(name: str, commands: Sequence[str], sbatch: str, log: str = "slurm-%j
   if len(commands) > 1:
     lines.append(f"#SBATCH --array=0-{len(commands) - 1}")
     log = "slurm-%A_%a.out"
-  defaults = {"time": options(DEFAULT_OPTIONS)["time"], "signal": f"TERM@{SIGNAL_SECONDS}",
+  defaults = {"time": options(DEFAULT_OPTIONS)["time"], "signal": f"TERM@{lead}",
               "output": log, "open-mode": "append", "requeue": "", "chdir": os.getcwd()}
   for key, value in {**defaults, **opts}.items():
     lines.append(f"#SBATCH --{key}" + (f"={value}" if value else ""))
@@ -152,7 +216,8 @@ def define_flags() -> None:
                     "time limit or at a preemption and requeues itself until done; then exit.")
   flags.DEFINE_string("sbatch", DEFAULT_OPTIONS, "With --print_sbatch: the job's sbatch options, "
                       "e.g. \"--nodes=2 --gpus-per-node=8 --time=24:00:00 --partition=gpu\" "
-                      f"(added unless given: --signal=TERM@{SIGNAL_SECONDS} --requeue "
+                      f"(added unless given: --signal=TERM@{SIGNAL_SECONDS}, a quarter of a "
+                      "shorter limit than 20 minutes; --requeue "
                       "--open-mode=append --output=slurm-%j.out --chdir=<this folder>).")
 
 

@@ -1,4 +1,5 @@
-"""Stopping a training run cleanly on SIGTERM or SIGINT (preemption, `scancel`, Ctrl-C).
+"""Stopping a training run cleanly on SIGTERM, SIGHUP or SIGINT (preemption, `scancel`, a closed
+terminal, Ctrl-C).
 
 The first signal only sets a flag: the trainer finishes the step it is in, writes a checkpoint, and
 exits with status EXIT_INTERRUPTED and one line saying where it stopped. A second SIGINT stops at
@@ -7,8 +8,8 @@ complete checkpoint: Orbax writes each one under a temporary name and renames it
 
 In a multi-process job every process must save the same step, so the decision goes through JAX's
 preemption service: it catches SIGTERM in every process, tells the others, and
-`reached_preemption_sync_point(step)` becomes true at the same step everywhere. SIGINT is forwarded
-to it as SIGTERM.
+`reached_preemption_sync_point(step)` becomes true at the same step everywhere. SIGINT and SIGHUP
+are forwarded to it as SIGTERM.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class Interrupted(Exception):
 
 
 class StopRequests:
-  """Catches SIGTERM/SIGINT while training; `requested(step)` says whether to stop after `step`.
+  """Catches SIGTERM/SIGHUP/SIGINT while training; `requested(step)` says whether to stop after `step`.
 
   Use as a context manager around the training loop: outside it the default handlers apply (a
   signal during start-up, before there is anything to save, ends the program as usual).
@@ -41,7 +42,8 @@ class StopRequests:
     self._previous: dict[int, object] = {}
 
   def __enter__(self) -> StopRequests:
-    signals = (signal.SIGINT,) if self._multi_process else (signal.SIGINT, signal.SIGTERM)
+    signals = ((signal.SIGINT, signal.SIGHUP) if self._multi_process else
+               (signal.SIGINT, signal.SIGHUP, signal.SIGTERM))
     for sig in signals:
       self._previous[sig] = signal.signal(sig, self._handle)
     return self
