@@ -10,6 +10,7 @@ not changed.
 import concurrent.futures
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -96,6 +97,21 @@ def damage_all_checkpoints(tmp, run):
     shutil.rmtree(tmp / "copy" / "checkpoints" / step / "state" / "d", ignore_errors=True)
     for manifest in (tmp / "copy" / "checkpoints" / step / "state").rglob("manifest.ocdbt"):
       manifest.write_bytes(b"broken")
+
+
+def truncate_arrays(tmp, run):
+  """A copy of the run whose checkpoint 6 has its array files cut to 100 bytes (a copy that stopped
+  short)."""
+  copy_run(tmp, run)
+  for data in (tmp / "copy" / "checkpoints" / "6" / "state").rglob("ocdbt.process_0/d/*"):
+    os.truncate(data, 100)
+
+
+def break_metadata(tmp, run):
+  """A copy of the run whose checkpoint 6's array metadata is cut in the middle of its JSON."""
+  copy_run(tmp, run)
+  metadata = tmp / "copy" / "checkpoints" / "6" / "state" / "_METADATA"
+  metadata.write_bytes(metadata.read_bytes()[:10])
 
 
 def with_model(tmp, run, **model):
@@ -293,6 +309,14 @@ CASES = {
         "evaluation.evaluate", ("--workdir={tmp}/copy",),
         "no checkpoint in {tmp}/copy/checkpoints can be restored: step 6 (",
         prepare=damage_all_checkpoints),
+    "a truncated checkpoint": Case(
+        "evaluation.evaluate", ("--workdir={tmp}/copy", "--step=6"),
+        "checkpoint 6 in {tmp}/copy/checkpoints cannot be restored: the file holding the array "
+        "params.", prepare=truncate_arrays),
+    "a checkpoint whose metadata is cut short": Case(
+        "evaluation.evaluate", ("--workdir={tmp}/copy", "--step=6"),
+        "checkpoint 6 in {tmp}/copy/checkpoints cannot be restored: a metadata file is damaged "
+        "(not valid JSON", prepare=break_metadata),
     "averaging more checkpoints than exist": Case(
         "evaluation.average", ("--workdir={run}", "--last=3", "--output={new}"),
         "cannot average the last 3 checkpoints: {run}/checkpoints has 2 (steps 3, 6)"),
@@ -418,7 +442,7 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(name, outcomes):
   out, message, before, after = outcomes[name]
   stderr = out.stderr.decode() if isinstance(out.stderr, bytes) else out.stderr
   assert out.returncode == 2, stderr[-3000:]
-  assert "Traceback" not in stderr, stderr[-3000:]
+  assert "Traceback" not in stderr and "<bound method" not in stderr, stderr[-3000:]
   last = stderr.strip().splitlines()[-1]
   program = {"evaluate": "transformer-eval", "attention_maps": "transformer-attention-maps"}.get(
       CASES[name].program,

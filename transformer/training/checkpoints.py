@@ -189,9 +189,31 @@ def _os_reason(error: BaseException) -> str | None:
 
 
 def describe_os_error(error: BaseException) -> str:
-  """E.g. 'No space left on device' for an error from the OS, else the error's first line."""
+  """E.g. 'No space left on device' for an error from the OS, else the error's first line (without
+  the repr of a C++ binding that TensorStore's messages carry)."""
   first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+  first = re.sub(r"\s*(?:See full TensorStore details: )?<bound method [^>]*>?.*$", "", first)
   return _os_reason(error) or f"{type(error).__name__}: {first[:200]}"
+
+
+def describe_restore_error(error: BaseException) -> str:
+  """Why a checkpoint could not be read, in plain words: the array whose file is cut short or
+  unreadable (TensorStore's cause, which Orbax wraps in a message of indices), a damaged metadata
+  file, the OS's reason, else the error's first line."""
+  chain, cause = [], error
+  while cause is not None and cause not in chain:
+    chain.append(cause)
+    cause = cause.__cause__ or cause.__context__
+  for cause in chain:
+    read = re.search(r'(\w+): Error reading "([^"/]+)[^"]*"', str(cause))
+    if read:
+      array, code = read.group(2), read.group(1)
+      what = ("is shorter than its index says: truncated" if code == "OUT_OF_RANGE" or
+              "is not valid for value of size" in str(cause) else f"cannot be read ({code})")
+      return f"the file holding the array {array} {what}"
+    if isinstance(cause, json.JSONDecodeError):
+      return f"a metadata file is damaged (not valid JSON: {cause.msg})"
+  return describe_os_error(error)
 
 
 def _available_steps(mngr: ocp.CheckpointManager, step: int | None) -> list[int]:
@@ -251,7 +273,7 @@ def restore(mngr: ocp.CheckpointManager, abstract_state: Any, step: int | None =
       if mismatch is None:
         state, data = _restore_one(mngr, candidate, abstract_state, with_data)
     except Exception as e:  # noqa: BLE001  Orbax and TensorStore raise many kinds
-      reason = describe_os_error(e)
+      reason = describe_restore_error(e)
       failures.append(f"step {candidate} ({reason})")
       log.warning("checkpoint %d in %s cannot be restored (%s)%s", candidate, mngr.directory,
                   reason, "; trying the one before" if step is None else "")
@@ -264,9 +286,13 @@ def restore(mngr: ocp.CheckpointManager, abstract_state: Any, step: int | None =
       log.warning("restored checkpoint %d instead of the broken %s", candidate,
                   ", ".join(f.split(" (")[0] for f in failures))
     return (state, data) if with_data else state
-  which = f"checkpoint {step}" if step is not None else "no checkpoint"
-  raise CheckpointError(f"{which} in {mngr.directory} can be restored: {'; '.join(failures)}. "
-                        "Copy intact checkpoints back, or start a new --workdir")
+  if step is not None:
+    raise CheckpointError(f"checkpoint {step} in {mngr.directory} cannot be restored: "
+                          f"{failures[0].split(' (', 1)[1][:-1]}. Copy an intact copy of it back, "
+                          "or use another --step")
+  raise CheckpointError(f"no checkpoint in {mngr.directory} can be restored: "
+                        f"{'; '.join(failures)}. Copy intact checkpoints back, or start a new "
+                        "--workdir")
 
 
 def move_broken(mngr: ocp.CheckpointManager, after: int) -> list[int]:
