@@ -311,8 +311,8 @@ CASES = {
         prepare=damage_all_checkpoints),
     "a truncated checkpoint": Case(
         "evaluation.evaluate", ("--workdir={tmp}/copy", "--step=6"),
-        "checkpoint 6 in {tmp}/copy/checkpoints cannot be restored: the file holding the array "
-        "params.", prepare=truncate_arrays),
+        "checkpoint 6 in {tmp}/copy/checkpoints cannot be restored: the file holding the array ",
+        prepare=truncate_arrays),
     "a checkpoint whose metadata is cut short": Case(
         "evaluation.evaluate", ("--workdir={tmp}/copy", "--step=6"),
         "checkpoint 6 in {tmp}/copy/checkpoints cannot be restored: a metadata file is damaged "

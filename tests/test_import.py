@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -149,6 +150,26 @@ def test_the_imported_model_scores_targets_as_transformers_does(opus):
   for i, row in enumerate(tgt):
     np.testing.assert_allclose(ours[i, :len(row)], theirs[i, :len(row)], atol=1e-4)
   assert np.abs(ours[ours != 0]).min() > 1e-3  # real scores, not a degenerate model
+
+
+@needs_engine
+def test_output_is_decoded_as_marians_tokenizer_decodes_it_pieces_of_the_source_model_too(opus):
+  # In a joint vocabulary the model may write a piece only the source SentencePiece model has
+  # (names, numbers, copied words); the target model leaves its word-start mark in the text.
+  _, tokenizer, run = opus
+  target = run.vocab.target.model
+  source_only = [i for i in range(run.vocab.get_piece_size())
+                 if run.vocab.id_to_piece(i).startswith("\u2581") and
+                 target.piece_to_id(run.vocab.id_to_piece(i)) == target.unk_id()]
+  assert len(source_only) > 3
+  ours = run.vocab.target.encode(TARGETS[0])
+  sequences = [ours[:3] + [source_only[0]] + ours[3:], [source_only[1]] + ours,
+               ours + source_only[2:4]]
+  for ids in sequences:
+    theirs = tokenizer.convert_tokens_to_ids([run.vocab.id_to_piece(i) for i in ids])
+    expected = tokenizer.decode(theirs, skip_special_tokens=True)
+    assert run.vocab.decode(ids) == expected
+    assert "\u2581" not in run.vocab.decode(ids)
 
 
 @needs_engine
@@ -358,8 +379,12 @@ def test_what_the_import_cannot_take_is_refused_in_one_line_and_nothing_is_writt
     shutil.copytree(source, broken)
     (broken / name).unlink()
     refused(broken, f"has no {name}: a Marian model's folder holds MarianTokenizer's files")
+  # What the config alone refuses is refused before the weights are read: these weights are cut
+  # short, and the refusal is still the config's.
   for change, message in (
       ({"share_encoder_decoder_embeddings": False}, "source and target embeddings are separate"),
+      ({"tie_word_embeddings": False}, "its output layer is a matrix of its own "
+                                       r"\(tie_word_embeddings=False, lm_head.weight\)"),
       ({"decoder_attention_heads": 2}, "differ in heads or feed-forward width"),
       ({"activation_function": "tanh"}, "activation 'tanh' is not one of"),
       ({"scale_embedding": False}, "embeddings are not scaled")):
@@ -369,6 +394,18 @@ def test_what_the_import_cannot_take_is_refused_in_one_line_and_nothing_is_writt
     for key, value in change.items():
       setattr(config, key, value)
     config.save_pretrained(variant)
+    os.truncate(variant / "model.safetensors", 100)
     refused(variant, message)
+  truncated = tmp_path / "truncated"
+  shutil.copytree(source, truncated)
+  os.truncate(truncated / "model.safetensors", 1000)
+  refused(truncated, f"--model={truncated}: Transformers cannot load a Marian model and tokenizer "
+                     "there")
+  # A mistyped folder is not tried on the hub for a minute: one line says it is neither.
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  started = time.monotonic()
+  refused(tmp_path / "mistyped", "no such folder here, and no hub model of that name can be "
+                                 r"fetched \(HF_HUB_OFFLINE is set")
+  assert time.monotonic() - started < 10
   monkeypatch.setitem(sys.modules, "torch", None)
   refused(source, r"reads the model with torch: pip install -e '\.\[huggingface\]'")

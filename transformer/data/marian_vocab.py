@@ -9,7 +9,8 @@ make of a SentencePieceProcessor: `encode` and `decode` of its `source` and `tar
 itself: source for `encode`, target for `decode`), `id_to_piece`, `get_piece_size`. Encoding is
 MarianTokenizer's: the side's model cuts the text into pieces, the joint map numbers them, a piece
 it lacks is unknown; a leading language code (`>>de<<`, multilingual models' target tag) is one
-piece. Decoding drops the special pieces and joins the rest with the target model.
+piece. Decoding drops the special pieces and joins the rest with the target model, each word-start
+mark it leaves a space, as MarianTokenizer decodes.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from transformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 MARIAN_VOCAB_FILE = "vocab.marian"
 FORMAT = "transformer/marian-vocabulary/1"
 _LANGUAGE_CODE = re.compile(r"^(>>[^<>\s]+<<)\s*")
+WORD_BOUNDARY = "\u2581"  # SentencePiece's word-start mark
 
 
 class MarianSide:
@@ -57,8 +59,12 @@ class MarianSide:
     return [self._encode_one(t, **sampling) for t in text]
 
   def decode(self, ids: Sequence[int]) -> str:
-    return self.model.decode_pieces([self.pieces[int(i)] for i in ids
+    """MarianTokenizer's decoding: the side's model joins the pieces, and a word boundary it
+    leaves (on a piece only the other side's model has: names, numbers, copied words in a joint
+    vocabulary) becomes a space."""
+    text = self.model.decode_pieces([self.pieces[int(i)] for i in ids
                                      if int(i) not in self.specials])
+    return text.replace(WORD_BOUNDARY, " ").strip()
 
   def serialized_model_proto(self) -> bytes:
     """The side's SentencePiece model, as a SentencePieceProcessor gives its own."""

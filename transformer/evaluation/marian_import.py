@@ -21,7 +21,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import socket
 import tempfile
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +54,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "multi30k.py"
 
 
 TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
+HUB_TIMEOUT_SECONDS = 5.0
 
 
 def read_marian(model: str) -> tuple[Any, dict[str, np.ndarray], Any, dict[str, bytes]]:
@@ -61,17 +65,23 @@ def read_marian(model: str) -> tuple[Any, dict[str, np.ndarray], Any, dict[str, 
   except ImportError:
     raise ConfigError(f"--format=huggingface reads the model with torch: {marian.INSTALL}"
                       ) from None
+  local = Path(model)
+  offline = {}
+  if not local.is_dir():
+    offline = hub_access(model)
+
   def loaded(load: Any) -> Any:
     try:
-      return load(model)
-    except (OSError, ValueError, TypeError) as e:
+      return load(model, **offline)
+    except Exception as e:  # noqa: BLE001  torch, safetensors and the hub raise many kinds
+      first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
       raise ConfigError(f"--model={model}: Transformers cannot load a Marian model and tokenizer "
-                        f"there ({str(e).strip().splitlines()[0]})") from None
-  local = Path(model)
+                        f"there ({first[:300]})") from None
   if local.is_dir() and not (local / "config.json").is_file():
     raise ConfigError(f"--model={model} holds no config.json: it is not a Marian model's folder "
                       "(one MarianMTModel.save_pretrained wrote), nor a hub name")
   config = loaded(transformers.MarianConfig.from_pretrained)
+  check_config(config)  # what the config alone refuses, before the weights are read
   if local.is_dir():  # a hub name is Transformers' to resolve; a folder we can check first
     missing = [name for name in TOKENIZER_FILES if not (local / name).is_file()]
     if missing:
@@ -87,8 +97,37 @@ def read_marian(model: str) -> tuple[Any, dict[str, np.ndarray], Any, dict[str, 
   return config, tensors, tokenizer, files
 
 
-def model_section(theirs: Any, output_bias: bool, start: str) -> dict[str, Any]:
-  """Our model keys for Marian's config; refuses in one line what ours cannot compute."""
+def hub_access(name: str) -> dict[str, Any]:
+  """For a `--model` that is no folder here: {} where the hub can be asked for it, or
+  {'local_files_only': True} where Transformers' cache holds it and the hub is out of reach; else
+  a ConfigError saying both (at once, not after a minute of retries)."""
+  import huggingface_hub
+  try:
+    huggingface_hub.hf_hub_download(name, "config.json", local_files_only=True)
+    cached = True
+  except Exception:  # noqa: BLE001  not cached, or not a valid repository name
+    cached = False
+  reason = None
+  if huggingface_hub.constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in (
+      "1", "ON", "YES", "TRUE"):
+    reason = "HF_HUB_OFFLINE is set"
+  else:
+    host = urllib.parse.urlparse(huggingface_hub.constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+      socket.create_connection((host, 443), timeout=HUB_TIMEOUT_SECONDS).close()
+    except OSError as e:
+      reason = f"{host} cannot be reached: {e.strerror or e}"
+  if reason is None:
+    return {}
+  if cached:
+    return {"local_files_only": True}
+  raise ConfigError(f"--model={name}: no such folder here, and no hub model of that name can be "
+                    f"fetched ({reason}; none is in Transformers' cache either). Check the folder's "
+                    "path, or download the model where there is a network")
+
+
+def check_config(theirs: Any) -> None:
+  """Refuses in one line a Marian config whose model ours cannot compute."""
   def need(ok: bool, what: str) -> None:
     if not ok:
       raise ConfigError(f"cannot import this Marian model: {what}")
@@ -96,12 +135,20 @@ def model_section(theirs: Any, output_bias: bool, start: str) -> dict[str, Any]:
        "(scale_embedding=False); ours always are, as the paper's")
   need(theirs.share_encoder_decoder_embeddings and theirs.decoder_vocab_size in (None, theirs.vocab_size),
        "its source and target embeddings are separate matrices; ours share one")
+  need(getattr(theirs, "tie_word_embeddings", True),
+       "its output layer is a matrix of its own (tie_word_embeddings=False, lm_head.weight); "
+       "ours is the embedding matrix")
   need(theirs.encoder_attention_heads == theirs.decoder_attention_heads
        and theirs.encoder_ffn_dim == theirs.decoder_ffn_dim,
        "its encoder and decoder differ in heads or feed-forward width; ours share them")
   need(theirs.activation_function in ACTIVATIONS, f"its activation {theirs.activation_function!r} "
        f"is not one of {', '.join(ACTIVATIONS)}")
   need(theirs.d_model % theirs.encoder_attention_heads == 0, "d_model is not a multiple of heads")
+
+
+def model_section(theirs: Any, output_bias: bool, start: str) -> dict[str, Any]:
+  """Our model keys for Marian's config (check_config has refused what ours cannot compute)."""
+  check_config(theirs)
   epsilon = getattr(theirs, marian.EPSILON_KEY, marian.MARIAN_LAYER_NORM_EPSILON)
   return dict(num_layers=theirs.encoder_layers, decoder_layers=theirs.decoder_layers,
               d_model=theirs.d_model, d_ff=theirs.encoder_ffn_dim,
