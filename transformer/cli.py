@@ -187,7 +187,7 @@ def run_program(program: str, main: Callable[[list[str]], None],
 
   def main_with_logging(argv: list[str]) -> None:
     setup_logging()
-    stops.install()
+    stops.install(program)
     if compilation_cache:
       use_compilation_cache(flags.FLAGS.compilation_cache)
     try:
@@ -206,7 +206,7 @@ def run_program(program: str, main: Callable[[list[str]], None],
         raise                                           # this is the net under those checks)
       fail(program, f"cannot use {e.filename} ({e.strerror}): give a path this job may write "
                     "(and read), or change its permissions")
-    except KeyboardInterrupt:  # (training stops cleanly at the first Ctrl-C; this is the second)
+    except KeyboardInterrupt:  # a Ctrl-C outside training (a second one: stops.interrupt_now)
       stopped = ("interrupted", 130)  # the shell's status for SIGINT
     except stops.Stopped as e:
       stopped = (f"stopped by {e.signal_name} before it finished; what it had finished is kept "

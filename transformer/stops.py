@@ -38,11 +38,34 @@ def raise_stopped(signum: int, frame: types.FrameType | None) -> None:
   raise Stopped(signal.Signals(signum).name)
 
 
-def install() -> None:
-  """Makes SIGTERM and SIGHUP raise `Stopped` in the main thread (where Python runs handlers)."""
+EXIT_INTERRUPTED_TWICE = 130  # the shell's status for SIGINT
+_program = "transformer"
+
+
+def install(program: str = "transformer") -> None:
+  """Makes SIGTERM and SIGHUP raise `Stopped` in the main thread (where Python runs handlers), and
+  SIGINT KeyboardInterrupt once: a second SIGINT ends the program at once (`interrupt_now`)."""
+  global _program
+  _program = program
   if threading.current_thread() is threading.main_thread():
     for sig in SIGNALS:
       signal.signal(sig, raise_stopped)
+    signal.signal(signal.SIGINT, first_interrupt)
+
+
+def first_interrupt(signum: int, frame: types.FrameType | None) -> None:
+  """The first Ctrl-C: KeyboardInterrupt, so that the `with` blocks clean up; the next one is
+  `interrupt_now`."""
+  signal.signal(signal.SIGINT, interrupt_now)
+  raise KeyboardInterrupt
+
+
+def interrupt_now(signum: int, frame: types.FrameType | None) -> None:
+  """A second Ctrl-C ends the program at once, whatever the first one's clean-up was doing. It
+  raises nothing: an exception raised where Python runs the handler next (a finalizer, one of the
+  garbage collector's callbacks) would only be printed as 'Exception ignored in ...'."""
+  os.write(2, f"{_program}: interrupted\n".encode())
+  os._exit(EXIT_INTERRUPTED_TWICE)
 
 
 def exit_now(status: int) -> None:

@@ -17,8 +17,9 @@ re-saved copy loses them (`resave_warning`). What Marian cannot hold is
 refused before anything is read or written (`check_marian`). Its LayerNorms' epsilon is 1e-5, ours
 1e-6, and cannot be set: the stream is carried 4 times larger from each stack's first LayerNorm on
 (the power of two nearest sqrt(10), `stream_scale`), which makes all the others compute ours with
-epsilon 6.25e-7 (`marian_tensors` says why and what is left). What still differs is the search: its length penalty's formula and its absolute length
-limit (`max_length`), where ours is the source length + `decode.max_extra_len`.
+epsilon 6.25e-7 (`marian_tensors` says why and what is left). What still differs is the search:
+its length penalty's formula and its absolute length limit (`max_length`), where ours is the source
+length + `decode.max_extra_len`.
 
 Written with the libraries' own writers where they exist: the weights with safetensors, the model and
 generation configs with Transformers' `MarianConfig` and `GenerationConfig` (which check the values),

@@ -20,6 +20,8 @@ import types
 
 import jax
 
+from transformer import stops
+
 # sysexits.h EX_TEMPFAIL, "a temporary failure; the user is invited to retry": schedulers and
 # wrapper scripts can requeue on it, and tell it from success (0) and errors (1).
 EXIT_INTERRUPTED = 75
@@ -54,7 +56,7 @@ class StopRequests:
 
   def _handle(self, signum: int, frame: types.FrameType | None) -> None:
     if self.signal_name is not None and signum == signal.SIGINT:
-      raise KeyboardInterrupt  # the second Ctrl-C: stop now
+      stops.interrupt_now(signum, frame)  # the second Ctrl-C: stop now
     self.signal_name = signal.Signals(signum).name
     if self._multi_process:  # JAX's preemption service agrees on the step with the other processes
       os.kill(os.getpid(), signal.SIGTERM)
