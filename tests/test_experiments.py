@@ -1024,3 +1024,37 @@ def test_the_pooled_test_takes_every_seed_of_a_variant_as_one_test_set(tmp_path)
   assert by_run["wide", 0]["dev_p"] == pytest.approx(significance.paired_bootstrap(refs, worse[0], refs))
   assert by_run["deep", 0]["dev_pooled_p"] is None and by_run["deep", 0]["dev_p"] is not None
   assert by_run["base", 0]["dev_pooled_p"] is None
+
+
+def test_the_two_level_bootstrap_resamples_seeds_then_sentences_as_written_by_hand(rng):
+  """Against a hand-written two-level bootstrap: the same draws (seeds with replacement, then each
+  drawn seed's sentences), sacreBLEU's corpus BLEU of every resample from scratch, the centred
+  count with its +1."""
+  words = "a man in a red shirt rides a brown horse on the beach near the sea".split()
+  refs = [" ".join(rng.choice(words, 8)) for _ in range(25)]
+  cut = lambda r, keep: r if rng.random() < keep else " ".join(r.split()[:4])
+  pairs = [([cut(r, 0.2) for r in refs], [cut(r, keep) for r in refs]) for keep in (0.9, 0.95, 1.0)]
+  p = significance.seeds_bootstrap(pairs, refs, resamples=60)
+
+  bleu = lambda hyps, rows: sacrebleu.corpus_bleu([hyps[i] for i in rows],
+                                                  [[refs[i] for i in rows]]).score
+  everything = range(len(refs))
+  observed = np.mean([bleu(s, everything) - bleu(b, everything) for b, s in pairs])
+  draws = np.random.default_rng(12345)
+  sampled = []
+  for _ in range(60):
+    seeds = draws.integers(3, size=3)
+    sampled.append(np.mean([bleu(pairs[k][1], rows) - bleu(pairs[k][0], rows) for k in seeds
+                            for rows in [draws.integers(len(refs), size=len(refs))]]))
+  sampled = np.array(sampled)
+  expected = (np.sum(np.abs(sampled - sampled.mean()) > abs(observed)) + 1) / 61
+  assert p == pytest.approx(expected, abs=1e-9)
+  assert p < 0.05  # every seed far ahead
+  # One seed far behind the two ahead: the sentences alone would call the pooled mean real, the
+  # seeds do not.
+  split = pairs[:2] + [([r for r in refs], [cut(r, 0.0) for r in refs])]
+  assert significance.seeds_bootstrap(split, refs, resamples=100) > 0.2
+  same = [(list(b), list(b)) for b, _ in pairs]
+  assert significance.seeds_bootstrap(same, refs) == 1.0
+  with pytest.raises(ValueError, match="one translation per reference"):
+    significance.seeds_bootstrap([(refs, refs[:3])], refs)

@@ -18,6 +18,7 @@ from helpers import REPO, cli_overrides, snapshot, tiny_run_config
 from transformer import partitioning
 from transformer.data import sources
 from transformer.data import vocab as vocab_lib
+from transformer.metrics import read_metrics, whole_intervals
 from transformer.model.transformer import ModelConfig, Transformer
 from transformer.training import checkpoints, preemption
 from transformer.training.step import abstract_train_state
@@ -196,3 +197,30 @@ def test_a_full_disk_stops_the_run_and_keeps_the_previous_checkpoint(tmp_path):
   assert finish(start_training(cfg, workdir, log)) == 0  # with space again, it resumes from 10
   assert "Resumed from the checkpoint at step 10" in Path(log).read_text()
   assert checkpoints.manager(workdir, read_only=True).all_steps() == [5, 10, 15]
+
+
+@pytest.mark.slow
+def test_a_stop_and_its_resume_log_the_loss_curve_of_an_uninterrupted_run(tmp_path):
+  """A stop mid-interval records the part of the interval it trained, the resume the rest; each
+  record says how many steps and tokens it averages, and merged by them they are the records of a
+  run that was never stopped."""
+  cfg = run_config(tmp_path)
+  cfg.train.log_every = 10
+  reference = uninterrupted(cfg, tmp_path)
+  workdir, log = tmp_path / "stopped", tmp_path / "stopped.log"
+  proc = start_training(cfg, workdir, log)
+  assert wait_until(proc, logged(log, f"step 20/{STEPS}"))
+  proc.send_signal(signal.SIGTERM)
+  assert finish(proc) == preemption.EXIT_INTERRUPTED, Path(log).read_text()[-2000:]
+  stopped = int(last_line(log).split(" after step ")[1].split("/")[0])
+  assert finish(start_training(cfg, workdir, tmp_path / "resumed.log")) == 0
+  records = read_metrics(workdir, "train")
+  if stopped % 10:  # the stop split an interval: its two parts are records of their own
+    parts = [r for r in records if r["step"] in (stopped, stopped - stopped % 10 + 10)]
+    assert [r["steps"] for r in parts] == [stopped % 10, 10 - stopped % 10]
+  expected = read_metrics(reference, "train")
+  merged = whole_intervals(records, 10)
+  assert [(r["step"], r["steps"]) for r in merged] == [(r["step"], r["steps"]) for r in expected]
+  for mine, theirs in zip(merged, expected):
+    for key in ("loss", "nll", "accuracy"):
+      assert mine[key] == pytest.approx(theirs[key], rel=1e-6)

@@ -15,6 +15,7 @@ from transformer.metrics import (
   read_metrics,
   tensorboard_scalars,
   training_clock,
+  whole_intervals,
 )
 
 
@@ -109,3 +110,25 @@ def test_the_machine_names_the_cpus_generation_where_its_brand_is_all_the_name_s
   described = hardware.describe()
   assert described["machine"] == (f"{hardware.cpu_id()}, {len(jax.devices())} cpu device(s), "
                                   f"JAX {jax.__version__}")
+
+
+def test_part_intervals_of_a_stop_and_a_resume_merge_weighed_by_their_tokens():
+  # log_every 25; a stop after step 49 and the resume's first record at 50 split 26-50.
+  records = [{"event": "train", "step": 25, "loss": 3.0, "nll": 2.5, "accuracy": 0.2,
+              "grad_norm": 1.0, "steps": 25, "loss_tokens": 500.0},
+             {"event": "train", "step": 49, "loss": 2.0, "nll": 1.5, "accuracy": 0.5,
+              "grad_norm": 2.0, "steps": 24, "loss_tokens": 240.0},
+             {"event": "train", "step": 50, "loss": 4.0, "nll": 3.5, "accuracy": 0.1,
+              "grad_norm": 4.0, "steps": 1, "loss_tokens": 10.0},
+             {"event": "train", "step": 60, "loss": 1.0, "nll": 0.5, "accuracy": 0.9,
+              "grad_norm": 1.0, "steps": 10, "loss_tokens": 100.0}]
+  merged = whole_intervals(records, 25)
+  assert [(r["step"], r["steps"]) for r in merged] == [(25, 25), (50, 25), (60, 10)]
+  assert merged[1]["loss"] == pytest.approx((240 * 2.0 + 10 * 4.0) / 250)
+  assert merged[1]["accuracy"] == pytest.approx((240 * 0.5 + 10 * 0.1) / 250)
+  assert merged[1]["grad_norm"] == pytest.approx((24 * 2.0 + 1 * 4.0) / 25)
+  assert merged[1]["loss_tokens"] == 250.0
+  assert merged[0] == records[0] and merged[2] == records[3]
+  # A step logged twice (a resume from an earlier checkpoint) keeps its last record.
+  again = whole_intervals(records[:2] + [dict(records[1], loss=9.0)] + records[2:], 25)
+  assert again[1]["loss"] == pytest.approx((240 * 9.0 + 10 * 4.0) / 250)

@@ -113,6 +113,39 @@ def read_metrics(workdir: str | os.PathLike, event: str | None = None) -> list[d
   return [r for r in records if event is None or r["event"] == event]
 
 
+def whole_intervals(train_records: Sequence[dict[str, Any]], every: int) -> list[dict[str, Any]]:
+  """'train' records as an uninterrupted run writes them, one per `every` steps (train.log_every):
+  a step logged twice keeps its last record, and the part-intervals a stop and the resume after it
+  write (each says how many `steps` and `loss_tokens` it averages) are merged into the interval
+  they split, their losses and accuracy weighed by their target tokens (by their steps where a
+  record predates `loss_tokens`). Loss curves and tables read these, so a curve does not jump at
+  every requeue."""
+  by_step = {r["step"]: r for r in train_records}
+  merged, pending = [], []
+  for step in sorted(by_step):
+    pending.append(by_step[step])
+    if step % every == 0 or step == max(by_step):
+      merged.append(_merged(pending))
+      pending = []
+  return merged
+
+
+def _merged(records: list[dict[str, Any]]) -> dict[str, Any]:
+  if len(records) == 1:
+    return records[0]
+  steps = [r.get("steps", 1) for r in records]
+  weights = [r["loss_tokens"] if "loss_tokens" in r else n for r, n in zip(records, steps)]
+  out = dict(records[-1], steps=sum(steps))
+  if all("loss_tokens" in r for r in records):
+    out["loss_tokens"] = sum(weights)
+  for key in ("loss", "nll", "accuracy"):
+    if all(key in r for r in records) and sum(weights):
+      out[key] = sum(w * r[key] for w, r in zip(weights, records)) / sum(weights)
+  if all("grad_norm" in r for r in records):
+    out["grad_norm"] = sum(n * r["grad_norm"] for n, r in zip(steps, records)) / sum(steps)
+  return out
+
+
 def training_clock(train_records: Sequence[dict[str, Any]]) -> list[float]:
   """The training wall time up to each 'train' record, summed over every process that trained the
   run: each process's `elapsed` restarts from 0 (downtime between them is not counted)."""

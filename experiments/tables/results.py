@@ -61,6 +61,14 @@ def default_run() -> str:
     minutes = " / ".join(f"{m:.0f} min" for m, _, _ in runs)
     lines.append(f"| {machine} | {len(runs)} | {minutes} | {mean_sd([b for _, b, _ in runs])} | "
                  f"`{folder}` |")
+  study = _study_runs("sinusoidal")  # the same command, each seed on a 2-core machine of its own
+  if study:
+    machines = " / ".join(_cpu_name(r["machine"]) for r in study)
+    minutes = " / ".join(f"{float(r['train_sec']) / 60:.0f} min" for r in study)
+    bleu = mean_sd(_floats(study, "dev_ema_bleu"))
+    lines.append(f"| 2-core VMs: {machines} (the positional study's sinusoidal runs: this recipe "
+                 f"keeping 2 checkpoints, beside other work) | {len(study)} | {minutes} | {bleu} | "
+                 "`positional_full` |")
   gpu_runs = [f for f in sorted((RESULTS / "gpu").glob("*-whole-program")) if (f / "metrics.jsonl").is_file()]
   for folder in gpu_runs:  # experiments/recipes/gpu_whole_program.sh: one seed, resumed half way
     minutes, bleu, _ = _run_summary(folder)
@@ -180,8 +188,9 @@ def positional_study() -> str:
 @table("positional-verdict")
 def positional_verdict() -> str:
   """Each kind's difference from the sinusoids on every set, with the seeds in which it is
-  significant in the mean's direction and the p of all seeds pooled, beside the sinusoids' own
-  seed-to-seed spread."""
+  significant in the mean's direction, the p of all seeds pooled (sentences resampled) and of the
+  two-level bootstrap (trainings and sentences resampled), beside the sinusoids' own seed-to-seed
+  spread."""
   sets = {"dev": "validation", **HELD_OUT, "long": "long (past the training lengths)"}
   sinusoids = _study_runs("sinusoidal")
   lines = ["| kind | " + " | ".join(f"Δ {label}" for label in sets.values()) + " |",
@@ -199,7 +208,9 @@ def positional_verdict() -> str:
       mean = statistics.mean(deltas)
       agree = sum(p < SIGNIFICANT and d * mean > 0 for d, p in zip(deltas, ps))
       pooled = _floats(rows[:1], f"{name}_pooled_p")
+      seeds = _floats(rows[:1], f"{name}_seeds_p")
       cells.append(f"{mean_sd(deltas, sign='+')} ({agree}/{len(deltas)}"
-                   + (f"; pooled {pooled[0]:.3f})" if pooled else ")"))
+                   + (f"; pooled {pooled[0]:.3f}" if pooled else "")
+                   + (f"; seeds {seeds[0]:.3f}" if seeds else "") + ")")
     lines.append(f"| {kind} | " + " | ".join(cells) + " |")
   return "\n".join(lines)

@@ -166,7 +166,9 @@ def add_significance(rows: list[dict[str, Any]], runs: Sequence[Any],
   row['<set>_pooled_p'], the same in every row of a variant with two or more such seeds: the test
   of all its seeds at once, each seed's translations and its base's one after another as one test
   set of seeds x sentences (a difference every seed leans to, each too small to be significant on
-  its own, can be significant pooled; like each seed's p it resamples sentences, not trainings)."""
+  its own, can be significant pooled; like each seed's p it resamples sentences, not trainings);
+  row['<set>_seeds_p'] beside it: the two-level bootstrap that resamples the trainings too
+  (significance.seeds_bootstrap), the test of the mean over seeds."""
   by_key = {(run.variant.name, run.seed): run for run in runs}
   first = runs[0].variant.name if runs else None
   pairs = pairs or {}
@@ -208,9 +210,12 @@ def add_significance(rows: list[dict[str, Any]], runs: Sequence[Any],
                 [h for base, _ in found for h in base], [h for _, mine in found for h in mine],
                 [r for _ in found for r in references[key[1]]])
             for key, found in seeds_of.items() if len(found) > 1}
+  over_seeds = {key: significance.seeds_bootstrap(found, references[key[1]])
+                for key, found in seeds_of.items() if len(found) > 1}
   for row, run in zip(rows, runs):
     for name in references:
       row[f"{name}_pooled_p"] = pooled.get((run.variant.name, name))
+      row[f"{name}_seeds_p"] = over_seeds.get((run.variant.name, name))
 
 
 def mean_std(values: Sequence[float | None]) -> tuple[float, float, int] | None:

@@ -7,6 +7,11 @@ hypothesis that the two systems are equally good, of a BLEU difference at least 
 observed. A small p says the difference is unlikely to come from which sentences happen to be in
 the test set. It says nothing about the seed-to-seed spread of training: the tables compare each
 seed of a variant with the same seed of the baseline and print every seed's p.
+
+`seeds_bootstrap` is the test that does: a two-level bootstrap of the mean difference over seeds,
+which resamples the trainings (seeds, with replacement) and, within each, the sentences. It is as
+sure as its seeds allow: with three, one resample in nine draws a single seed three times, so a
+difference that one seed contradicts cannot come out significant.
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+import numpy as np
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
 RESAMPLES = 1000
+SEED = 12345  # sacreBLEU's, so both tests' tables are the same each time they are built
 
 
 def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], references: Sequence[str],
@@ -44,3 +51,36 @@ def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], references:
   finally:
     sacrebleu_log.setLevel(level)
   return float(scores["BLEU"][1].p_value)
+
+
+def seeds_bootstrap(pairs: Sequence[tuple[Sequence[str], Sequence[str]]],
+                    references: Sequence[str], resamples: int = RESAMPLES,
+                    metric: BLEU | None = None) -> float:
+  """The p-value of the mean BLEU difference over seeds, `pairs` holding each seed's (baseline's,
+  system's) translations of `references`: each resample draws as many seeds as there are, with
+  replacement, and for each drawn seed the sentences (both systems' alike, as Koehn's test); p is
+  the share of resampled mean differences that stray from their own mean by more than the observed
+  mean difference (sacreBLEU's centred count, with its +1). A zero difference has p = 1."""
+  metric = metric or BLEU()
+  for base, system in pairs:
+    if not len(base) == len(system) == len(references):
+      raise ValueError(f"paired test needs one translation per reference: {len(base)} and "
+                       f"{len(system)} translations for {len(references)} references")
+  refs = [list(references)]
+  stats = [(np.asarray(metric._extract_corpus_statistics(list(base), refs), np.float64),
+            np.asarray(metric._extract_corpus_statistics(list(system), refs), np.float64))
+           for base, system in pairs]
+  score = lambda totals: metric._compute_score_from_stats(totals.tolist()).score
+  difference = lambda counts, b, s: score(counts @ s) - score(counts @ b)
+  ones = np.ones(len(references))
+  observed = float(np.mean([difference(ones, b, s) for b, s in stats]))
+  if observed == 0:
+    return 1.0
+  rng = np.random.default_rng(SEED)
+  sampled = np.empty(resamples)
+  for i in range(resamples):
+    drawn = rng.integers(len(stats), size=len(stats))
+    sampled[i] = np.mean([difference(np.bincount(rng.integers(len(references), size=len(references)),
+                                                 minlength=len(references)), *stats[k])
+                          for k in drawn])
+  return float((np.sum(np.abs(sampled - sampled.mean()) > abs(observed)) + 1) / (resamples + 1))

@@ -86,7 +86,9 @@ def evaluate_loss(eval_fn, params: Any, batches: Iterable[dict[str, np.ndarray]]
 
 def interval_record(step_sums: list[dict[str, np.ndarray]], seconds: float) -> dict[str, float]:
   """Per-token averages of the steps since the last progress line (skipped non-finite updates left
-  out), and the throughput of all of them."""
+  out), how many steps and target tokens they average (a record written at a stop, or the first
+  after a resume, covers part of an interval: metrics.whole_intervals weighs them), and the
+  throughput of all of them."""
   tokens = sum(float(s["tokens"]) for s in step_sums)
   good = [s for s in step_sums if s.get("finite", 1.0)]
   good_tokens = sum(float(s["tokens"]) for s in good) or float("nan")
@@ -94,6 +96,7 @@ def interval_record(step_sums: list[dict[str, np.ndarray]], seconds: float) -> d
           "nll": sum(float(s["nll"]) for s in good) / good_tokens,
           "accuracy": sum(float(s["correct"]) for s in good) / good_tokens,
           "grad_norm": float(np.mean([s["grad_norm"] for s in good])) if good else float("nan"),
+          "steps": len(step_sums), "loss_tokens": 0.0 if not good else good_tokens,
           "tokens": tokens, "tokens_per_sec": tokens / seconds}
 
 
@@ -293,7 +296,7 @@ class _Loop:
       bad = self.watch.check()  # the device catches up here anyway
       if bad is not None:
         _stop_at_nonfinite(run, self.mngr, state, bad, self.writer)
-      if log_due:
+      if log_due or (stop_due and self.interval_sums):  # a stop records its part-interval too
         self.log_progress(done, data_state)
       if eval_due:
         self.validate(done, state)

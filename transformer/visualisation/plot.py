@@ -12,6 +12,7 @@ needed) draws; the experiment runner uses the same functions for its figures.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,7 +26,12 @@ from absl import app, flags  # noqa: E402
 
 from transformer.errors import UserError  # noqa: E402
 from transformer.files import writable_file  # noqa: E402
-from transformer.metrics import METRICS_FILE, read_metrics, training_clock  # noqa: E402
+from transformer.metrics import (  # noqa: E402
+  METRICS_FILE,
+  read_metrics,
+  training_clock,
+  whole_intervals,
+)
 from transformer.training import checkpoints  # noqa: E402
 
 Curve = Sequence[tuple[float, float]]
@@ -54,8 +60,10 @@ def run_curves(workdir: str | Path, min_len: int | None = None
                         else float("nan"))
   curves: dict[str, list[tuple[float, float, float]]] = {}
   for label, event, key in LOSS_METRICS:
-    points = [(r["step"], hours(r["step"]), r[key])
-              for r in _last_per_step([r for r in records if r["event"] == event]) if key in r]
+    logged = [r for r in records if r["event"] == event]
+    logged = (whole_intervals(logged, _log_every(workdir)) if event == "train" else
+              _last_per_step(logged))
+    points = [(r["step"], hours(r["step"]), r[key]) for r in logged if key in r]
     if points:
       curves[label] = points
   bleu = [r for r in records if r["event"] == "bleu" and r.get("averaged", 1) == 1
@@ -80,6 +88,12 @@ def _eval_split(workdir: str | Path) -> str | None:
     return checkpoints.load_run_config(workdir).data.eval_split
   except UserError:
     return None
+
+
+def _log_every(workdir: str | Path) -> int:
+  """The run's train.log_every (1 where its config is not there: no interval is merged)."""
+  config = Path(workdir) / "config.json"
+  return json.loads(config.read_text())["train"]["log_every"] if config.is_file() else 1
 
 
 def _last_per_step(records: list[dict]) -> list[dict]:
