@@ -123,8 +123,8 @@ def test_prepare_and_training_answer_signals_to_their_group(tmp_path):
     assert seconds < 15 and not partials(tmp_path)
     assert [p.name for p in (tmp_path / "vocab").iterdir()][0].endswith(".model")
 
-  # Training's first batches, with Grain's worker processes making them. (Grain's shared memory
-  # in flight at any exit draws a resource-tracker warning of its own: not checked here.)
+  # Training's first batches, with Grain's worker processes making them: no batch's shared
+  # memory is left for the resource tracker to report as leaked.
   (tmp_path / "tiny").mkdir()
   cfg = tiny_run_config(tmp_path / "tiny")
   train = [sys.executable, "-m", "transformer.training.train", "--config=configs/multi30k.py",
@@ -136,17 +136,19 @@ def test_prepare_and_training_answer_signals_to_their_group(tmp_path):
 
   # 'start' is logged before the steps are compiled (a stop then ends the compiling at once), and
   # 'train' once the loop runs.
-  for when, sig, status, ending in [
+  # 'train' four times: a free of shared memory still queued at the exit was a matter of timing.
+  for attempt, (when, sig, status, ending) in enumerate([
       ("start", signal.SIGTERM, 75, STOPPED.format("SIGTERM")),
       ("start", signal.SIGINT, 75, STOPPED.format("SIGINT")),
-      ("train", signal.SIGTERM, 75, "stopped by SIGTERM after step")]:
-    workdir = tmp_path / f"run_{when}_{sig.name}"
+      *[("train", signal.SIGTERM, 75, "stopped by SIGTERM after step")] * 4]):
+    workdir = tmp_path / f"run{attempt}_{when}_{sig.name}"
     process = start([*train, f"--workdir={workdir}"])
     assert wait_until(lambda w=workdir, p=process, e=when: logged(w, e) or p.poll() is not None,
                       300)
     returncode, stderr, seconds = signal_group(process, sig)
     assert returncode == status, stderr[-3000:]
-    assert_one_line(stderr, "transformer-train", ending, noise=("Traceback", "Error:"))
+    assert_one_line(stderr, "transformer-train", ending,
+                    noise=("Traceback", "Error:", "leaked", "Exception ignored"))
     assert seconds < 15
     checkpoints = workdir / "checkpoints"
     if when == "start":

@@ -389,21 +389,24 @@ class Loader:
       it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.workers,
                                                              per_worker_buffer_size=2),
                                 worker_init_fn=workers.leave_stops_to_parent)
+    # With workers, each batch is copied out of the shared memory it came in, which Grain then
+    # frees (in a thread of its own): no block is held beyond its copy.
+    copied = (lambda batch: {k: np.array(v) for k, v in batch.items()}) if self.workers else None
     # Grain starts its processes with the first batch: with the stop signals held, so that a
     # Ctrl-C to the process group is the trainer's alone to answer (workers.py)
     with workers.stop_signals_held() if self.workers else contextlib.nullcontext():
       iterator = iter(it_ds)
-      head = list(itertools.islice(iterator, 1))
+      head = [copied(b) if copied else b for b in itertools.islice(iterator, 1)]
     try:
-      for g, batch in enumerate(itertools.chain(head, iterator), start=first + 1):
-        if self.workers:  # copied out of the workers' shared memory, which Grain then frees at
-          # once: a block still held at the exit draws a warning from the resource tracker
-          batch = {k: np.array(v) for k, v in batch.items()}
+      rest = map(copied, iterator) if copied else iterator
+      for g, batch in enumerate(itertools.chain(head, rest), start=first + 1):
         yield batch, PipelineState(*divmod(g, self.num_batches))
     finally:
       close = getattr(iterator, "close", None)
       if close is not None:
         close()
+      if self.workers:
+        workers.finish_shared_memory_frees()
 
   def batch_shapes(self) -> list[tuple[int, int]]:
     """The (global rows, padded length) of every batch shape an epoch fills (every epoch fills

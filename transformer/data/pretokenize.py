@@ -9,8 +9,9 @@ BPE-dropout) gets it through `sources.open_split`, and the programs that transla
 source is tokenized as in training and the model's tokenized output is Moses-detokenized
 (sacremoses), so every score computes as for any other run. `multi30k_tokenize` of that
 detokenized output gives back the model's own tokens (all but one of 63,042 lines of the release's
-train and val text round-trip exactly; tests/test_pretokenize.py), so the lowercased, tokenized BLEU
-of such a run is the literature's BLEU of its raw output.
+text round-trip exactly: the validation sets and 20,000 training lines of each language, the one a
+training line with a double space; tests/test_pretokenize.py checks the validation sets), so the
+lowercased, tokenized BLEU of such a run is the literature's BLEU of its raw output.
 """
 
 from __future__ import annotations

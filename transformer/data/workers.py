@@ -143,3 +143,14 @@ def _kill_workers(executor: concurrent.futures.ProcessPoolExecutor) -> None:
   for process in list((executor._processes or {}).values()):  # no public handle on the workers
     with contextlib.suppress(OSError, ValueError):
       process.kill()
+
+
+def finish_shared_memory_frees() -> None:
+  """Waits for the thread in which Grain frees the shared memory its workers' batches came in: a
+  block whose free was still queued when the program exits (a stop exits at once) would be
+  reported by multiprocessing's resource tracker as leaked. The thread is one (Grain starts it
+  with `enable_async_del(1)`), so a task given to it runs after every free queued before it."""
+  from grain._src.python.ipc.shared_memory_array import SharedMemoryArray
+  pool = getattr(SharedMemoryArray, "_del_thread_pool", None)  # no public handle on it
+  if pool is not None:
+    pool.apply(int)
