@@ -66,9 +66,8 @@ def default_run() -> str:
     machines = " / ".join(_cpu_name(r["machine"]) for r in study)
     minutes = " / ".join(f"{float(r['train_sec']) / 60:.0f} min" for r in study)
     bleu = mean_sd(_floats(study, "dev_ema_bleu"))
-    lines.append(f"| 2-core VMs: {machines} (the positional study's sinusoidal runs: this recipe "
-                 f"keeping 2 checkpoints, beside other work) | {len(study)} | {minutes} | {bleu} | "
-                 "`positional_full` |")
+    lines.append(f"| 2-core VMs: {machines} (the positional study's sinusoidal runs, beside "
+                 f"other work) | {len(study)} | {minutes} | {bleu} | `positional_full` |")
   gpu_runs = [f for f in sorted((RESULTS / "gpu").glob("*-whole-program")) if (f / "metrics.jsonl").is_file()]
   for folder in gpu_runs:  # experiments/recipes/gpu_whole_program.sh: one seed, resumed half way
     minutes, bleu, _ = _run_summary(folder)

@@ -11,7 +11,7 @@ seed of a variant with the same seed of the baseline and print every seed's p.
 `seeds_bootstrap` is the test that does: a two-level bootstrap of the mean difference over seeds,
 which resamples the trainings (seeds, with replacement) and, within each, the sentences. It is as
 sure as its seeds allow: with three, one resample in nine draws a single seed three times, so a
-difference that one seed contradicts cannot come out significant.
+difference that one seed contradicts seldom comes out significant.
 """
 
 from __future__ import annotations
