@@ -1058,3 +1058,21 @@ def test_the_two_level_bootstrap_resamples_seeds_then_sentences_as_written_by_ha
   assert significance.seeds_bootstrap(same, refs) == 1.0
   with pytest.raises(ValueError, match="one translation per reference"):
     significance.seeds_bootstrap([(refs, refs[:3])], refs)
+
+
+def test_a_grid_chooses_on_the_validation_set_only_and_names_its_choice():
+  with pytest.raises(ConfigError, match="chooses on 'test_2016_flickr', which is not its validation "
+                                        "set: a recipe is chosen on the validation set only"):
+    Grid("levers", [Variant("a"), Variant("b")], select_on="test_2016_flickr")
+  with pytest.raises(ConfigError, match=r"\(select_on='dev', 'long'\)"):
+    Grid("levers", [Variant("a")], test_sets=("long",), select_on="mscoco")
+  assert Grid("levers", [Variant("a")], test_sets=("long",), select_on="long").select_on == "long"
+  grid = Grid("t", [Variant("base"), Variant("E-learned", {"model.positional": "learned"})],
+              select_on="dev")
+  rows = fake_rows()  # base: EMA BLEU 31, 32, 33.5; E-learned: 30, 31, 32
+  line = results.chosen(rows, grid)
+  assert line.startswith("Chosen on dev (the validation set; the held-out test sets play no "
+                         "part): **base**, BLEU 32.17 over 3 seed(s), of 2 variant(s)")
+  for row in rows:  # without a moving average everywhere, the raw parameters' BLEU decides
+    row["dev_ema_bleu"] = 50.0 if row["variant"] == "E-learned" and row["seed"] else None
+  assert "**base**, BLEU 31.17" in results.chosen(rows, grid)

@@ -41,13 +41,16 @@ class Grid:
   training); the dev split of the base config is always evaluated. `by_length`: also tabulate and
   draw the dev set's BLEU by source length (transformer/sweeps/by_length.py). `average_last`: score
   the mean of each run's last this many checkpoints (transformer-eval --average_last), which every
-  variant must keep (train.keep_checkpoints).
+  variant must keep (train.keep_checkpoints). `select_on`: the set a grid that chooses a recipe
+  chooses on ('dev', or one of `test_sets`, which are made from the validation split); the
+  held-out test sets (`--test_dir`) are scored for the final candidates, never chosen on.
   """
   name: str
   variants: Sequence[Variant]
   test_sets: Sequence[str] = ()
   by_length: bool = False
   average_last: int = 1
+  select_on: str = ""
 
   def __post_init__(self):
     names = [v.name for v in self.variants]
@@ -59,6 +62,11 @@ class Grid:
     bad = [n for n in names if not n or "/" in n or n.startswith(".")]
     if bad:
       raise ConfigError(f"grid {self.name!r}: variant names must be plain folder names, got {bad}")
+    if self.select_on and self.select_on not in ("dev", *self.test_sets):
+      raise ConfigError(f"grid {self.name!r} chooses on {self.select_on!r}, which is not its "
+                        "validation set: a recipe is chosen on the validation set only "
+                        f"(select_on='dev'{''.join(f', {t!r}' for t in self.test_sets)}); the "
+                        "held-out test sets are scored once for each final candidate")
     if not isinstance(self.average_last, int) or self.average_last < 1:
       raise ConfigError(f"grid {self.name!r}: average_last must be a positive number of "
                         f"checkpoints, got {self.average_last!r}")

@@ -316,6 +316,26 @@ def held_out_table(rows: list[dict[str, Any]], grid: Grid, references: dict[str,
   return "\n".join(lines)
 
 
+def chosen(finished: list[dict[str, Any]], grid: Grid) -> str:
+  """The line that names the variant a choosing grid picks: the best mean BLEU over its finished
+  seeds on `grid.select_on` (the moving average's where every run has one)."""
+  name = grid.select_on
+  means = {}
+  for variant in grid.variants:
+    mine = [r for r in finished if r["variant"] == variant.name]
+    key = (f"{name}_ema_bleu" if mine and all(r.get(f"{name}_ema_bleu") is not None for r in mine)
+           else f"{name}_bleu")
+    summary = mean_std([r.get(key) for r in mine])
+    if summary:
+      means[variant.name] = summary
+  if not means:
+    return f"Chosen on {name}: no variant has finished runs yet."
+  best = max(means, key=lambda v: means[v][0])
+  return (f"Chosen on {name} (the validation set; the held-out test sets play no part): "
+          f"**{best}**, BLEU {means[best][0]:.2f} over {means[best][2]} seed(s), of "
+          f"{len(means)} variant(s) with finished runs.")
+
+
 def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0,
           dev_sources: Sequence[str] | None = None,
           held_out: dict[str, Sequence[str]] | None = None) -> list[Path]:
@@ -350,8 +370,10 @@ def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0,
         "PPL is the dev perplexity per target subword token at the last step (teacher-forced); BLEU "
         "is sacreBLEU from transformer-eval (beam search, the config's decode settings"
         + (f" with --min_len={min_len}: no translation shorter than {min_len} token(s)" if min_len
-           else "") + ") on the last "
-        "checkpoint (EMA: the same checkpoint's moving average of the parameters). 'Δ vs' is each "
+           else "") + ") on the "
+        + (f"mean of the last {grid.average_last} checkpoints" if grid.average_last > 1 else
+           "last checkpoint")
+        + " (EMA: the same checkpoint's moving average of the parameters). 'Δ vs' is each "
         "seed's BLEU minus the same seed's first-row BLEU (the moving average's where both have "
         "one), averaged over seeds (± their spread); 'p vs' is the paired bootstrap p-value "
         "(sacreBLEU, 1,000 resamples of the sentences) of each seed's run against the same seed "
@@ -363,6 +385,8 @@ def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0,
         f"Compute: training {format_duration(train_sec)}, evaluation {format_duration(eval_sec)} "
         "(sum over runs of their wall clock: time a run was paused or shared the machine "
         "counts).", ""]
+  if grid.select_on:
+    md[-1:-1] = [chosen(finished, grid), ""]
   if paired:
     md[-1:-1] = ["Paired with another base run instead of the first row's run of their seed "
                  "(transformer-experiment --pairs): " + "; ".join(paired) + ".", ""]
