@@ -114,7 +114,7 @@ def test_sbatch_options_the_config_cannot_use_are_refused_before_a_script_is_pri
 def test_a_job_at_its_time_limit_checkpoints_requeues_and_finishes_bit_identical(cluster, tmp_path):
   # Long enough that SLURM's warning (up to a minute early: its time resolution) comes mid-run.
   cfg = tiny_run_config(tmp_path)
-  changes = {"train.steps": 2400, "train.log_every": 100, "train.eval_every": 100000,
+  changes = {"train.steps": 6000, "train.log_every": 100, "train.eval_every": 100000,
              "train.checkpoint_every": 100000, "train.checkpoint_minutes": 0.0}
   job, log = submit(cluster, tmp_path, train_flags(cfg, tmp_path / "run", **changes),
                     "--time=2")  # the warning a quarter of the limit before it: 30 s
