@@ -126,3 +126,14 @@ def test_a_pretokenized_run_trains_and_translates_raw_text_to_readable_text(tmp_
                  input_text="A man's dog, outside.\n")
   assert done.returncode == 0, done.stderr[-2000:]
   assert "&apos;" not in done.stdout and "&quot;" not in done.stdout
+
+
+def test_an_export_of_a_pretokenized_run_says_what_text_its_engine_takes(caplog):
+  from transformer.evaluation.export import warn_of_text_form
+  cfg = base_config()
+  with caplog.at_level("WARNING", logger="transformer"):
+    warn_of_text_form(cfg)
+    assert caplog.text == ""
+    cfg.data.pretokenize = "multi30k"
+    warn_of_text_form(cfg)
+  assert "lowercased, tokenized text" in caplog.text and "multi30k_tokenize" in caplog.text

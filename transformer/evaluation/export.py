@@ -232,6 +232,16 @@ def staged(output: str | Path, flag: str = "--output") -> Iterator[Path]:
   staging.replace(output)
 
 
+def warn_of_text_form(cfg) -> None:
+  """An exported engine reads what the run read: say so where that is not raw text."""
+  if cfg.data.get("pretokenize", "none") != "none":
+    log.warning("this run reads and writes Multi30k's lowercased, tokenized text "
+                "(data.pretokenize=%r): the exported model does too; give it "
+                "transformer.data.pretokenize.multi30k_tokenize(sentence, lang) and detokenize its "
+                "output (pretokenize.detokenize), as transformer-translate does",
+                cfg.data.pretokenize)
+
+
 def export_ctranslate2(workdir: str | Path, output: str | Path, step: int | None = None,
                        average_last: int = 1, ema: bool = True, quantization: str = "none",
                        max_positions: int | None = None) -> Path:
@@ -243,6 +253,7 @@ def export_ctranslate2(workdir: str | Path, output: str | Path, step: int | None
   rows = default_max_positions(cfg) if max_positions is None else max_positions
   check_rows(config, rows)
   _ctranslate2()
+  warn_of_text_form(cfg)
   with staged(output) as staging:
     run = load_run(workdir, step, average_last)
     pieces = [run.vocab.id_to_piece(i) for i in range(run.vocab.get_piece_size())]
@@ -265,6 +276,7 @@ def export_huggingface(workdir: str | Path, output: str | Path, step: int | None
   check_rows(config, rows)
   if warning := marian.resave_warning(config):
     log.warning("%s", warning)
+  warn_of_text_form(cfg)
   with staged(output) as staging:
     run = load_run(workdir, step, average_last)
     marian.write_marian(staging, run.config, run.model.config, run.params(ema),
