@@ -1076,3 +1076,15 @@ def test_a_grid_chooses_on_the_validation_set_only_and_names_its_choice():
   for row in rows:  # without a moving average everywhere, the raw parameters' BLEU decides
     row["dev_ema_bleu"] = 50.0 if row["variant"] == "E-learned" and row["seed"] else None
   assert "**base**, BLEU 31.17" in results.chosen(rows, grid)
+
+
+def test_fairseqs_batching_is_written_as_its_batch_by_size_fills_batches():
+  from experiments.analyses.batch_tokens import fairseq_batches
+  # Sorted by source then target: pairs 2, 0, 4, 1, 3, counted at their longer sides 4, 3, 4, 5, 6.
+  lengths = np.array([[3, 2], [5, 5], [2, 4], [6, 1], [4, 4]])
+  batches = [b.tolist() for b in fairseq_batches(lengths, max_tokens=12, multiple=1)]
+  assert batches == [[2, 0, 4], [1, 3]]  # 3 x 4 = 12 fits; a fourth at 5 would be 20; 2 x 6 = 12
+  # Cut to a multiple of 2: the third pair of the first batch starts the next, whose longest is
+  # then pair 1's 5, so pair 3 (6) starts a third batch.
+  batches = [b.tolist() for b in fairseq_batches(lengths, max_tokens=12, multiple=2)]
+  assert batches == [[2, 0], [4, 1], [3]]
