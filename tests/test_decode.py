@@ -323,3 +323,23 @@ def test_a_search_names_itself_and_its_options_in_reports():
   assert decoding.Greedy().describe() == {"search": "greedy", "beam_size": 1}
   assert decoding.BeamSearch(5, 1.0, 2).describe() == {"search": "beam", "beam_size": 5,
                                                        "alpha": 1.0, "nbest": 2}
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_beam_search_with_fairseqs_length_penalty_is_the_reference_search_with_it(setup, alpha):
+  """fairseq's --lenpen: a finished hypothesis scored log p / n ** alpha; the same early stop."""
+  model, params, src = setup
+  limits = np.array([9, 7, 5, 8])
+  search = decoding.BeamSearch(3, alpha, 3, length_penalty="fairseq")
+  result = jax.jit(lambda p, s, l: decoding.decode(search, model, p, s, l, 10))(
+      params, src, jnp.asarray(limits))
+  differs = False
+  for row in range(len(limits)):
+    expected = reference.beam_search(model, params, src[row], limits[row], 3, alpha, nbest=3,
+                                     length_penalty="fairseq")
+    assert as_lists(result.tokens[row])[:len(expected)] == [seq for seq, _ in expected]
+    np.testing.assert_allclose(np.asarray(result.scores[row])[:len(expected)],
+                               [score for _, score in expected], rtol=1e-5, atol=1e-5)
+    gnmt = reference.beam_search(model, params, src[row], limits[row], 3, alpha, nbest=3)
+    differs |= [score for _, score in gnmt] != [score for _, score in expected]
+  assert differs  # the two penalties score the same hypotheses differently

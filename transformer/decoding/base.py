@@ -134,6 +134,12 @@ def at_position(position: jax.Array, decode_len: int) -> jax.Array:
   return (jnp.arange(decode_len) == position[:, None])[:, None, :]
 
 
-def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
-  """GNMT's lp(n) = ((5 + n) / 6) ** alpha; n counts generated tokens, EOS included."""
-  return ((5.0 + length.astype(jnp.float32)) / 6.0) ** alpha
+LENGTH_PENALTIES = ("gnmt", "fairseq")
+
+
+def length_penalty(length: jax.Array, alpha: float, kind: str = "gnmt") -> jax.Array:
+  """GNMT's lp(n) = ((5 + n) / 6) ** alpha, or fairseq's n ** alpha (its --lenpen: with alpha 1 a
+  hypothesis is scored by its mean log-probability a token); n counts generated tokens, EOS
+  included."""
+  n = length.astype(jnp.float32)
+  return (n if kind == "fairseq" else (5.0 + n) / 6.0) ** alpha

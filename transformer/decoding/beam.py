@@ -1,7 +1,8 @@
 """Beam search as the paper (and tensor2tensor) run it, with fairseq's rule for finishing.
 
 Beam size K, GNMT length penalty lp(n) = ((5 + n) / 6) ** alpha on finished hypotheses (n counts
-generated tokens, EOS included), and early termination: a sentence is decided once no live
+generated tokens, EOS included; `length_penalty='fairseq'`: fairseq's n ** alpha), and early
+termination: a sentence is decided once no live
 hypothesis can still beat its n-th best finished one, even if it kept its current log-probability
 to the length limit. A hypothesis finishes when its EOS is among the K best extensions of the beam.
 With alpha = 0 a beam of 1 is greedy search; with alpha > 0 it may still prefer the runner-up
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 
 from transformer.decoding.base import (
   IMPOSSIBLE,
+  LENGTH_PENALTIES,
   Result,
   Search,
   Step,
@@ -57,10 +59,16 @@ class BeamSearch(Search):
       Option("alpha", 0.6, "Length-penalty exponent: ((5 + length) / 6) ** alpha divides a "
              "finished hypothesis' log-probability.", lambda v: v >= 0, ">= 0", in_config=True,
              about="the length-penalty exponent"),
+      Option("length_penalty", "gnmt", "What alpha is the exponent of: 'gnmt', (5 + length) / 6 "
+             "(the paper's, from GNMT); 'fairseq', the length (fairseq's --lenpen: alpha 1 scores "
+             "a hypothesis by its mean log-probability a token).",
+             lambda v: v in LENGTH_PENALTIES, f"one of {', '.join(LENGTH_PENALTIES)}", tag="lp",
+             in_config=True, choices=LENGTH_PENALTIES),
   )
   beam_size: int = 4
   alpha: float = 0.6
   nbest: int = 1
+  length_penalty: str = "gnmt"
 
   def __post_init__(self):
     if not 1 <= self.nbest <= self.beam_size:
@@ -68,10 +76,13 @@ class BeamSearch(Search):
 
   @classmethod
   def from_settings(cls, settings: Any, index: jax.Array | None = None) -> BeamSearch:
-    return cls(settings.beam_size, settings.alpha, settings.candidates)
+    return cls(settings.beam_size, settings.alpha, settings.candidates, settings.length_penalty)
 
   def describe(self) -> dict[str, Any]:
-    return {**super().describe(), "nbest": self.nbest}
+    described = {**super().describe(), "nbest": self.nbest}
+    if self.length_penalty == "gnmt":  # reports of the paper's penalty keep their keys
+      described.pop("length_penalty")
+    return described
 
   def fresh(self, slots: int, decode_len: int) -> BeamState:
     # All K hypotheses start identical, so only the first starts alive.
@@ -108,7 +119,7 @@ class BeamSearch(Search):
 
     # As in fairseq, a hypothesis finishes only if its EOS is among the K best candidates.
     finishing = is_eos & (jnp.arange(2 * beam) < beam) & (top_scores > IMPOSSIBLE / 2)
-    penalty = length_penalty(step.position + 1, self.alpha)[:, None]
+    penalty = self._penalty(step.position + 1)[:, None]
     new_scores = jnp.where(finishing, top_scores / penalty, IMPOSSIBLE)
     all_scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)
     all_seqs = jnp.concatenate([state.finished_seqs, top_seqs], axis=1)
@@ -119,7 +130,7 @@ class BeamSearch(Search):
 
   def decided(self, state: BeamState, limit: jax.Array) -> jax.Array:
     """No live hypothesis can beat the n-th best finished one, even at the length limit."""
-    best_possible = state.alive_log_probs[:, 0] / length_penalty(limit, self.alpha)
+    best_possible = state.alive_log_probs[:, 0] / self._penalty(limit)
     return state.finished_scores[:, self.nbest - 1] >= best_possible
 
   def result(self, state: BeamState) -> Result:
@@ -128,4 +139,7 @@ class BeamSearch(Search):
   def finish(self, result: Result) -> Result:
     """The log-probabilities: score × lp(length)."""
     lengths = (result.tokens != PAD_ID).sum(-1)
-    return result.replace(log_probs=result.scores * length_penalty(lengths, self.alpha))
+    return result.replace(log_probs=result.scores * self._penalty(lengths))
+
+  def _penalty(self, length: jax.Array) -> jax.Array:
+    return length_penalty(length, self.alpha, self.length_penalty)

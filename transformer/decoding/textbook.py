@@ -71,12 +71,14 @@ def _allowed(log_probs: np.ndarray, length: int, limit: int, min_len: int,
 
 
 def beam_search(model: Transformer, params: Any, src_row: np.ndarray, limit: int, beam_size: int,
-                alpha: float, min_len: int = 0, nbest: int = 1) -> list[Hypothesis]:
+                alpha: float, min_len: int = 0, nbest: int = 1, length_penalty: str = "gnmt"
+                ) -> list[Hypothesis]:
   """K live hypotheses; each step the 2K best extensions; an EOS among the K best finishes a
   hypothesis with score log p / ((5 + n) / 6) ** alpha (n tokens, EOS included); the K best
   non-EOS extensions live on; stop when no live hypothesis can beat the `nbest`-th best finished
-  one even at the length `limit` (EOS included). Returns the finished hypotheses, best first."""
-  penalty = lambda n: ((5.0 + n) / 6.0) ** alpha
+  one even at the length `limit` (EOS included). Returns the finished hypotheses, best first.
+  `length_penalty='fairseq'`: the score is log p / n ** alpha instead."""
+  penalty = lambda n: (n if length_penalty == "fairseq" else (5.0 + n) / 6.0) ** alpha
   alive: list[Hypothesis] = [((), 0.0)]
   finished: list[Hypothesis] = []
   shape = padded_shape(model, limit, beam_size)

@@ -272,8 +272,8 @@ def generation_settings(cfg: ml_collections.ConfigDict, config: ModelConfig, row
   token never written (as our searches forbid them), EOS forced at the last of `rows` output
   positions (as ours forces it at the limit), and the same stopping rule as ours ('never': a
   sentence is decided once no live hypothesis can beat the finished ones at the limit). Its penalty
-  is length^alpha, not GNMT's ((5 + length) / 6)^alpha: the exponent carries over, the formula
-  cannot."""
+  is length^alpha: a run with decode.length_penalty='fairseq' searches as ours does; of GNMT's
+  ((5 + length) / 6)^alpha the exponent carries over, the formula cannot."""
   settings = dict(num_beams=cfg.decode.beam_size, length_penalty=float(cfg.decode.alpha),
                   early_stopping="never" if cfg.decode.beam_size > 1 else False,
                   max_length=rows + 1,  # the decoder start token counts, so `rows` output tokens
