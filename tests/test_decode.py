@@ -331,7 +331,7 @@ def test_beam_search_with_fairseqs_length_penalty_is_the_reference_search_with_i
   model, params, src = setup
   limits = np.array([9, 7, 5, 8])
   search = decoding.BeamSearch(3, alpha, 3, length_penalty="fairseq")
-  result = jax.jit(lambda p, s, l: decoding.decode(search, model, p, s, l, 10))(
+  result = jax.jit(lambda p, s, lim: decoding.decode(search, model, p, s, lim, 10))(
       params, src, jnp.asarray(limits))
   differs = False
   for row in range(len(limits)):
