@@ -29,14 +29,6 @@ from transformer.data.cache_format import TokenCache
 from transformer.data.loader import BatchSpec, Planner
 from transformer.sweeps import records
 
-config_flags.DEFINE_config_file("config", None, "The run's config (its batching keys).")
-flags.DEFINE_string("token_cache", None, "The training split's token cache directory.")
-flags.DEFINE_integer("max_tokens", 4096, "fairseq's --max-tokens (per GPU).", lower_bound=1)
-flags.DEFINE_integer("gpus", 2, "GPUs an update in fairseq (one batch each).", lower_bound=1)
-flags.DEFINE_integer("multiple", 8, "fairseq's --required-batch-size-multiple.", lower_bound=1)
-flags.DEFINE_integer("updates", 8000, "Updates of the run, for the epochs they make.", lower_bound=1)
-flags.DEFINE_string("record", None, "Also write the table as results.md in this record folder, "
-                    "with its README (command, machine, versions, commit, date).")
 FLAGS = flags.FLAGS
 
 
@@ -110,5 +102,18 @@ def main(argv: list[str]) -> None:
                    ["python", "-m", "experiments.analyses.batch_tokens", *sys.argv[1:]])
 
 
-if __name__ == "__main__":
+def run() -> None:
+  """The flags are defined here, not on import, so the module's functions import anywhere."""
+  config_flags.DEFINE_config_file("config", None, "The run's config (its batching keys).")
+  flags.DEFINE_string("token_cache", None, "The training split's token cache directory.")
+  flags.DEFINE_integer("max_tokens", 4096, "fairseq's --max-tokens (per GPU).", lower_bound=1)
+  flags.DEFINE_integer("gpus", 2, "GPUs an update in fairseq (one batch each).", lower_bound=1)
+  flags.DEFINE_integer("multiple", 8, "fairseq's --required-batch-size-multiple.", lower_bound=1)
+  flags.DEFINE_integer("updates", 8000, "Updates of the run, for the epochs they make.", lower_bound=1)
+  flags.DEFINE_string("record", None, "Also write the table as results.md in this record folder, "
+                      "with its README (command, machine, versions, commit, date).")
   run_program("batch_tokens", main)
+
+
+if __name__ == "__main__":
+  run()
