@@ -4,6 +4,7 @@ mean of the last checkpoints."""
 
 import json
 
+import numpy as np
 import pytest
 from helpers import cli_overrides, run_cli, tiny_run_config
 
@@ -126,6 +127,14 @@ def test_a_pretokenized_run_trains_and_translates_raw_text_to_readable_text(tmp_
                  input_text="A man's dog, outside.\n")
   assert done.returncode == 0, done.stderr[-2000:]
   assert "&apos;" not in done.stdout and "&quot;" not in done.stdout
+  # The attention maps read the source as the run did: its tokenized, lowercased pieces.
+  done = run_cli("transformer.visualisation.attention_maps", f"--workdir={workdir}",
+                 "--source=A Man's dog.", "--target=Der Hund.",
+                 f"--output_dir={tmp_path / 'maps'}")
+  assert done.returncode == 0, done.stderr[-2000:]
+  with np.load(tmp_path / "maps" / "attention.npz") as maps:
+    tokens = [str(t) for t in maps["source_tokens"]]
+  assert "".join(tokens).replace("\u2581", " ").strip().startswith("a man &apos;s dog")
 
 
 def test_an_export_of_a_pretokenized_run_says_what_text_its_engine_takes(caplog):

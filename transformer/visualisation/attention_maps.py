@@ -30,7 +30,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from transformer.data import marian_vocab  # noqa: E402
+from transformer.data import marian_vocab, pretokenize  # noqa: E402
 from transformer.errors import ConfigError  # noqa: E402
 from transformer.files import writable_directory  # noqa: E402
 from transformer.model import positions as positional  # noqa: E402
@@ -227,11 +227,12 @@ def visualize(workdir: str, source: str, target: str | None = None, step: int | 
   if not source.strip():
     raise ConfigError("--source is empty; pass a sentence, e.g. --source=\"A man is riding a "
                       "bicycle.\"")
-  source_ids = token_ids(vocab, source, "source", cfg.data.max_len)
+  form = pretokenize.text_form(cfg.data)  # the text the run reads: sentences go in its form
+  source_ids = token_ids(vocab, form.source([source])[0], "source", cfg.data.max_len)
   if target is None:
     target = translator.translate(model, params, vocab, [source],
                                   translator.SearchSettings.from_config(cfg),
-                                  max_source_len=cfg.data.max_len).hypotheses[0]
+                                  max_source_len=cfg.data.max_len, text_form=form).hypotheses[0]
     log.info("Translation by the checkpoint at step %d: %s", steps[-1], target)
     if not target.strip():
       raise ConfigError(f"the checkpoint at step {steps[-1]} translates the source to an empty "
@@ -239,7 +240,7 @@ def visualize(workdir: str, source: str, target: str | None = None, step: int | 
   elif not target.strip():
     raise ConfigError("--target is empty; pass the translation to draw, or leave --target out to "
                       "draw the model's own")
-  target_ids = token_ids(vocab, target, "target", cfg.data.max_len)
+  target_ids = token_ids(vocab, form.target([target])[0], "target", cfg.data.max_len)
   pieces = [vocab.id_to_piece(i) for i in range(vocab.get_piece_size())]
   pieces[EOS_ID], pieces[model.config.start_id] = "</s>", "<s>"
   maps = attention_maps(model, params, source_ids, target_ids, pieces)
