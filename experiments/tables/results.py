@@ -116,11 +116,18 @@ LITERATURE = [  # published lc-tok BLEU on test2016 / test2017 / MSCOCO, En->De,
     ("Guo et al. (EMNLP 2023), the best image-free system", ("42.50", "36.04", "31.95"))]
 TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
 WU_TINY = RESULTS / "multi30k_wu_tiny"
+BF16_RUNS = RESULTS / "multi30k_test_sets/en-de/levers/bf16mm_drop02_seed"  # + the seed
 
 
 def _default_hours() -> float:
   """Hours of one default run alone on a 2-core machine (the default-run table's Zen 5 seed 0)."""
   return _run_summary(RESULTS / DEFAULT_RUNS["2-core AMD EPYC VM (Zen 5)"] / "seed0")[0] / 60
+
+
+def _hours(folders: list[Path]) -> float:
+  """Mean training hours of recorded runs (their metrics.jsonl's clock)."""
+  from transformer.metrics import read_metrics, training_clock
+  return statistics.mean(training_clock(read_metrics(f, "train"))[-1] / 3600 for f in folders)
 
 
 def _wu_tiny_row() -> str:
@@ -156,7 +163,8 @@ def multi30k() -> str:
   recipes = [("ours: the default, 2 seeds (a laptop's evening)", "multi30k_test_sets/en-de",
               f"{hours:.1f} a seed"),
              ("ours: bf16 products, dropout 0.2, 8,000 steps (`configs/multi30k_bf16.py`), 2 seeds",
-              "multi30k_bf16_test_sets/en-de", "–"),
+              "multi30k_bf16_test_sets/en-de",
+              f"{_hours([BF16_RUNS.with_name(f'{BF16_RUNS.name}{s}') for s in (0, 1)]):.1f} a seed"),
              ("ours: ensemble of 2 + MBR (`configs/multi30k_ensemble.py`), 2 pairs",
               "multi30k_mbr_test_sets/en-de", f"{2 * hours * 4250 / 4800:.1f} a pair")]
   for label, folder, cost in recipes:
