@@ -121,10 +121,10 @@ def whole_intervals(train_records: Sequence[dict[str, Any]], every: int) -> list
   record predates `loss_tokens`). Loss curves and tables read these, so a curve does not jump at
   every requeue."""
   by_step = {r["step"]: r for r in train_records}
-  merged, pending = [], []
+  merged, pending, last = [], [], max(by_step, default=0)
   for step in sorted(by_step):
     pending.append(by_step[step])
-    if step % every == 0 or step == max(by_step):
+    if step % every == 0 or step == last:
       merged.append(_merged(pending))
       pending = []
   return merged

@@ -423,7 +423,7 @@ def open_split(data: ml_collections.ConfigDict, split: str
 
 def text_identity(data: ml_collections.ConfigDict) -> str:
   """What the text form adds to the names and fingerprints of caches made from the text."""
-  kind = data.get("pretokenize", "none")
+  kind = pretokenize.text_form(data).kind
   return "" if kind == "none" else f".pretokenize-{kind}"
 
 

@@ -111,15 +111,15 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
            f" and {len(members) - 1} more run(s) as an ensemble" if len(members) > 1 else "",
            ", ".join(f"{k} {v}" for k, v in settings.describe().items()))
   t = time.time()
+  form = pretokenize.text_form(cfg.data)
   result = translator.translate(models, params, vocab, text.source, settings,
                                 max_source_len=cfg.data.max_len, compiled_cache=compiled_cache,
-                                text_form=pretokenize.text_form(cfg.data))
+                                text_form=form)
   hypotheses, stats = result.hypotheses, result.stats
   if stats["truncated_sources"]:
     log.warning("%d source sentences were longer than %d tokens and were truncated",
                 stats["truncated_sources"], cfg.data.max_len)
-  lowercased = pretokenize.text_form(cfg.data).lowercases  # then sacreBLEU is uncased too
-  score = bleu.sacrebleu_score(hypotheses, text.target, lowercase=lowercased)
+  score = bleu.sacrebleu_score(hypotheses, text.target, lowercase=form.lowercases)
   chrf = bleu.chrf_score(hypotheses, text.target)
   paper_score = bleu.tokenized_bleu(hypotheses, text.target, cfg.data.tgt_lang)
   lc_tok = bleu.lc_tok_bleu(hypotheses, text.target, cfg.data.tgt_lang)

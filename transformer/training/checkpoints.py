@@ -266,7 +266,7 @@ def restore(mngr: ocp.CheckpointManager, abstract_state: Any, step: int | None =
   missing item) is skipped with a warning naming it. A checkpoint of another model is an error at
   once. With `with_data`, returns (state, input-pipeline position).
   """
-  failures = []
+  failures: list[tuple[int, str]] = []  # (step, why it could not be restored)
   for candidate in _available_steps(mngr, step):
     try:
       mismatch = _mismatch(mngr, candidate, abstract_state)
@@ -274,7 +274,7 @@ def restore(mngr: ocp.CheckpointManager, abstract_state: Any, step: int | None =
         state, data = _restore_one(mngr, candidate, abstract_state, with_data)
     except Exception as e:  # noqa: BLE001  Orbax and TensorStore raise many kinds
       reason = describe_restore_error(e)
-      failures.append(f"step {candidate} ({reason})")
+      failures.append((candidate, reason))
       log.warning("checkpoint %d in %s cannot be restored (%s)%s", candidate, mngr.directory,
                   reason, "; trying the one before" if step is None else "")
       continue
@@ -284,15 +284,15 @@ def restore(mngr: ocp.CheckpointManager, abstract_state: Any, step: int | None =
                             "trained with")
     if failures:
       log.warning("restored checkpoint %d instead of the broken %s", candidate,
-                  ", ".join(f.split(" (")[0] for f in failures))
+                  ", ".join(f"step {s}" for s, _ in failures))
     return (state, data) if with_data else state
   if step is not None:
     raise CheckpointError(f"checkpoint {step} in {mngr.directory} cannot be restored: "
-                          f"{failures[0].split(' (', 1)[1][:-1]}. Copy an intact copy of it back, "
-                          "or use another --step")
+                          f"{failures[0][1]}. Copy an intact copy of it back, or use another "
+                          "--step")
   raise CheckpointError(f"no checkpoint in {mngr.directory} can be restored: "
-                        f"{'; '.join(failures)}. Copy intact checkpoints back, or start a new "
-                        "--workdir")
+                        f"{'; '.join(f'step {s} ({why})' for s, why in failures)}. Copy intact "
+                        "checkpoints back, or start a new --workdir")
 
 
 def move_broken(mngr: ocp.CheckpointManager, after: int) -> list[int]:

@@ -12,7 +12,6 @@ needed) draws; the experiment runner uses the same functions for its figures.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -53,6 +52,7 @@ def run_curves(workdir: str | Path, min_len: int | None = None
   step (interpolated between progress lines).
   """
   records = read_metrics(workdir)
+  cfg = _run_config(workdir)
   train = [r for r in records if r["event"] == "train"]
   clock = dict(zip((r["step"] for r in train), training_clock(train)))  # a repeated step: the last
   steps = sorted(clock)
@@ -61,14 +61,14 @@ def run_curves(workdir: str | Path, min_len: int | None = None
   curves: dict[str, list[tuple[float, float, float]]] = {}
   for label, event, key in LOSS_METRICS:
     logged = [r for r in records if r["event"] == event]
-    logged = (whole_intervals(logged, _log_every(workdir)) if event == "train" else
+    logged = (whole_intervals(logged, cfg.train.log_every if cfg else 1) if event == "train" else
               _last_per_step(logged))
     points = [(r["step"], hours(r["step"]), r[key]) for r in logged if key in r]
     if points:
       curves[label] = points
   bleu = [r for r in records if r["event"] == "bleu" and r.get("averaged", 1) == 1
           and min_len in (None, r.get("min_len", 0))]
-  dev = _eval_split(workdir)
+  dev = cfg.data.eval_split if cfg else None  # its BLEU panel comes first
   searches = sorted({(r["test_set"], r.get("min_len", 0)) for r in bleu},
                     key=lambda s: (s[0] != dev, s))
   for test_set, min_len in searches:  # a minimum output length (--min_len) is its own curve
@@ -82,18 +82,13 @@ def run_curves(workdir: str | Path, min_len: int | None = None
   return curves
 
 
-def _eval_split(workdir: str | Path) -> str | None:
-  """The run's validation split, whose BLEU panel comes first (None if config.json is unreadable)."""
+def _run_config(workdir: str | Path):
+  """The run's config (None if config.json is unreadable: then no part-interval is merged and no
+  BLEU panel goes first)."""
   try:
-    return checkpoints.load_run_config(workdir).data.eval_split
+    return checkpoints.load_run_config(workdir)
   except UserError:
     return None
-
-
-def _log_every(workdir: str | Path) -> int:
-  """The run's train.log_every (1 where its config is not there: no interval is merged)."""
-  config = Path(workdir) / "config.json"
-  return json.loads(config.read_text())["train"]["log_every"] if config.is_file() else 1
 
 
 def _last_per_step(records: list[dict]) -> list[dict]:
