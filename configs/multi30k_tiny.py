@@ -49,7 +49,8 @@ def get_config():
   c.train.label_smoothing = 0.1
   c.train.dropout_rng = "unsafe_rbg_threefry"  # cheapest dropout masks on CPU (train.dropout_key)
   c.train.log_every = 100
-  c.train.eval_every = 630
+  c.train.eval_every = 63         # validation loss every epoch, as fairseq's: where their early
+                                  # stop (--patience 10) would end a run reads off metrics.jsonl
   c.train.checkpoint_every = 63   # one epoch (the loader makes 63 batches of the 29,000 pairs)
   c.train.keep_checkpoints = 10   # the ten transformer-eval --average_last=10 averages
 
