@@ -101,6 +101,18 @@ STRATEGIES = textwrap.dedent("""
                      "mu_wi": shard(mu["ffn"]["wi"]["kernel"]),
                      "batch": shard(sharded_batch["src"])},
           "devices": len(state.params["embed"]["embedding"].sharding.device_set)}
+    cfg.train.rdrop_alpha = 5.0  # R-Drop's two passes: each row twice, side by side
+    for shape in [(1, 1, 1), (8, 1, 1), (2, 2, 2)]:
+      c = cfg.copy_and_resolve_references()
+      c.mesh.data, c.mesh.fsdp, c.mesh.tensor = shape
+      mesh = partitioning.make_mesh(c, 32, jax.devices()[:int(np.prod(shape))])
+      fns = jit_train_fns(c, Transformer(ModelConfig.from_config(c.model, 32)), mesh)
+      state = fns.init(jax.random.key(0))
+      for _ in range(3):
+        state, sums = fns.step(state, partitioning.shard_batch(batch, mesh), jax.random.key(1))
+      out["rdrop " + str(shape)] = {
+          "loss": float(sums["loss"] / sums["tokens"]), "kl": float(sums["rdrop_kl"]),
+          "params": [np.asarray(x).ravel().tolist() for x in jax.tree.leaves(state.params)]}
     print(json.dumps(out))
 """)
 
@@ -120,6 +132,16 @@ def test_every_strategy_trains_like_one_device(strategies, shape):
   one, many = strategies["(1, 1, 1)"], strategies[shape]
   assert many["devices"] == 8
   assert many["loss"] == pytest.approx(one["loss"], rel=1e-5)
+  for a, b in zip(one["params"], many["params"], strict=True):
+    np.testing.assert_allclose(b, a, atol=2e-5)
+
+
+@pytest.mark.parametrize("shape", ["(8, 1, 1)", "(2, 2, 2)"])
+def test_rdrop_trains_on_every_strategy_like_one_device(strategies, shape):
+  one, many = strategies["rdrop (1, 1, 1)"], strategies[f"rdrop {shape}"]
+  assert one["kl"] > 0
+  assert many["loss"] == pytest.approx(one["loss"], rel=1e-5)
+  assert many["kl"] == pytest.approx(one["kl"], rel=1e-4)
   for a, b in zip(one["params"], many["params"], strict=True):
     np.testing.assert_allclose(b, a, atol=2e-5)
 

@@ -130,6 +130,9 @@ def _train_keys() -> ml_collections.ConfigDict:
   train.adam_b2 = 0.98
   train.adam_eps = 1e-9
   train.label_smoothing = 0.1
+  train.rdrop_alpha = 0.0           # > 0: R-Drop (Liang et al., 2021): each batch runs twice under
+                                    # two dropout masks and the loss adds alpha x their symmetric KL
+                                    # divergence (the paper's weighting); twice the compute a step.
   train.ema_decay = 0.0             # > 0: also keep a moving average of the parameters (evaluated
                                     # by default); the paper averaged checkpoints instead.
   train.grad_accum_steps = 1        # split each batch into this many micro-batches (same update).
@@ -257,6 +260,10 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
   _choice(cfg, "model.attention", ATTENTION_KERNELS)
   _choice(cfg, "model.remat", REMAT_MODES)
   _choice(cfg, "train.on_nonfinite", NONFINITE_POLICIES)
+  alpha = cfg.train.rdrop_alpha
+  if alpha < 0:
+    raise ConfigError(f"config.train.rdrop_alpha must be a number >= 0 (0 = off; the R-Drop paper "
+                      f"uses 5 on IWSLT), got {alpha!r}")
   if not isinstance(cfg.model.scan_layers, bool):
     raise ConfigError(f"config.model.scan_layers must be True or False, got {cfg.model.scan_layers!r}")
   for axis in ("data", "fsdp", "tensor"):
@@ -304,6 +311,13 @@ def _check_combinations(cfg: ml_collections.ConfigDict) -> None:
   if cfg.data.subword_dropout and cfg.data.vocab_model_type != "bpe":
     raise ConfigError(f"config.data.subword_dropout needs a BPE vocabulary (it is BPE-dropout); "
                       f"config.data.vocab_model_type is {cfg.data.vocab_model_type!r}")
+  if cfg.train.rdrop_alpha and not (cfg.model.dropout or cfg.model.attention_dropout):
+    raise ConfigError("config.train.rdrop_alpha compares two dropout masks, but the model has no "
+                      "dropout: set config.model.dropout (e.g. 0.3) or config.train.rdrop_alpha=0")
+  if cfg.train.rdrop_alpha and cfg.train.loss_chunks:
+    raise ConfigError("config.train.rdrop_alpha compares the two passes' whole distributions over "
+                      "the vocabulary, which config.train.loss_chunks never holds: set one of them "
+                      "to 0")
   if [cfg.mesh[a] for a in ("data", "fsdp", "tensor")].count(-1) > 1:
     raise ConfigError("only one of config.mesh.data / fsdp / tensor may be -1 (the devices left)")
   if cfg.data.max_len > 65535:

@@ -138,7 +138,7 @@ def _merged(records: list[dict[str, Any]]) -> dict[str, Any]:
   out = dict(records[-1], steps=sum(steps))
   if all("loss_tokens" in r for r in records):
     out["loss_tokens"] = sum(weights)
-  for key in ("loss", "nll", "accuracy"):
+  for key in ("loss", "nll", "accuracy", "rdrop_kl"):
     if all(key in r for r in records) and sum(weights):
       out[key] = sum(w * r[key] for w, r in zip(weights, records)) / sum(weights)
   if all("grad_norm" in r for r in records):

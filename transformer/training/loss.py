@@ -37,6 +37,29 @@ def loss_sums(logits: jax.Array, targets: jax.Array, smoothing: float) -> dict[s
   return _sums(*_token_losses(logits.astype(jnp.float32), targets, smoothing), targets)
 
 
+def rdrop_loss_sums(logits: jax.Array, targets: jax.Array, smoothing: float, alpha: float
+                    ) -> dict[str, jax.Array]:
+  """R-Drop's loss (Liang et al., 2021) of logits [2B, T, V] whose rows come in pairs: rows 2i and
+  2i + 1 are pair i of `targets` [B, T] under two dropout masks.
+
+  Their objective per token is CE_1 + CE_2 + alpha * (KL(P_1 || P_2) + KL(P_2 || P_1)) / 2; here it
+  is halved ('loss': the mean of the two smoothed cross-entropies plus alpha / 2 times the
+  symmetric term), so that 'loss', 'nll' and 'correct' (the two passes' means) read as a plain
+  run's, and Adam's update is the same. 'rdrop_kl' sums the symmetric term over real tokens.
+  """
+  logits = logits.astype(jnp.float32)
+  loss, nll, correct = _token_losses(logits, jnp.repeat(targets, 2, axis=0), smoothing)
+  log_p = jax.nn.log_softmax(logits)
+  log_p = log_p.reshape(targets.shape[0], 2, *log_p.shape[1:])  # rows stay on their device
+  first, second = log_p[:, 0], log_p[:, 1]
+  # KL(P1 || P2) + KL(P2 || P1) = sum_v (p1 - p2)(log p1 - log p2); halved, as theirs.
+  kl = 0.5 * ((jnp.exp(first) - jnp.exp(second)) * (first - second)).sum(axis=-1)
+  mean = lambda a: a.reshape(targets.shape[0], 2, *a.shape[1:]).mean(axis=1)
+  sums = _sums(mean(loss) + 0.5 * alpha * kl, mean(nll), mean(correct), targets)
+  sums["rdrop_kl"] = (kl * (targets != PAD_ID)).sum()
+  return sums
+
+
 def projected_loss_sums(x: jax.Array, matrix: jax.Array, targets: jax.Array, smoothing: float,
                         product_dtype: Any, chunks: int, bias: jax.Array | None = None
                         ) -> dict[str, jax.Array]:

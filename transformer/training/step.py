@@ -23,7 +23,7 @@ from flax.training import train_state
 
 from transformer import partitioning
 from transformer.model.transformer import Transformer, initial_params, shift_right
-from transformer.training.loss import loss_sums, projected_loss_sums
+from transformer.training.loss import loss_sums, projected_loss_sums, rdrop_loss_sums
 
 TrainState = train_state.TrainState
 
@@ -156,7 +156,7 @@ def summed_gradients(grad_fn: Callable, params: Any, batch: dict[str, jax.Array]
 def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_rng: jax.Array,
                healthy: jax.Array | bool = True, *, smoothing: float, accum_steps: int = 1,
                skip_nonfinite: bool = False, ema_decay: float = 0.0, loss_chunks: int = 0,
-               product_dtype: Any = None) -> tuple[TrainState, dict[str, jax.Array]]:
+               product_dtype: Any = None, rdrop_alpha: float = 0.0) -> tuple[TrainState, dict[str, jax.Array]]:
   """One Adam update on the mean label-smoothed loss per target token of the (global) batch.
 
   With `accum_steps` > 1 the batch is split into that many micro-batches whose summed gradients make
@@ -177,12 +177,19 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_rng: jax.
   With `loss_chunks` > 0 the loss never holds the batch's logits: the projection onto the
   vocabulary, the loss and their backward pass run that many chunks of target positions at a time
   (loss.py), the product in `product_dtype`; the same sums and gradients.
+
+  With `rdrop_alpha` > 0 every row runs twice, side by side under different dropout masks, and
+  the loss is R-Drop's (loss.rdrop_loss_sums).
   """
   rng = jax.random.fold_in(dropout_rng, state.step)
 
   def loss_fn(params, micro, micro_rng):
     kwargs = dict(deterministic=False, rngs={"dropout": micro_rng})
-    if loss_chunks:
+    if rdrop_alpha:
+      twice = jax.tree.map(lambda a: jnp.repeat(a, 2, axis=0), micro)  # rows 2i, 2i + 1: row i
+      sums = rdrop_loss_sums(forward(state.apply_fn, params, twice, **kwargs), micro["tgt"],
+                             smoothing, rdrop_alpha)
+    elif loss_chunks:
       x, matrix, bias = forward(state.apply_fn, params, micro, project=False, **kwargs)
       sums = projected_loss_sums(x, matrix, micro["tgt"], smoothing, product_dtype, loss_chunks,
                                  bias)
@@ -253,6 +260,7 @@ def jit_train_fns(cfg: ml_collections.ConfigDict, model: Transformer,
                                    skip_nonfinite=cfg.train.on_nonfinite == "skip",
                                    ema_decay=cfg.train.ema_decay,
                                    loss_chunks=cfg.train.loss_chunks,
+                                   rdrop_alpha=cfg.train.rdrop_alpha,
                                    product_dtype=model.config.vocab_matmul_dtype
                                    or model.config.matmul_dtype or model.config.dtype),
                  out_shardings=(shardings, replicated), donate_argnums=(0,))

@@ -87,12 +87,14 @@ def evaluate_loss(eval_fn, params: Any, batches: Iterable[dict[str, np.ndarray]]
 def interval_record(step_sums: list[dict[str, np.ndarray]], seconds: float) -> dict[str, float]:
   """Per-token averages of the steps since the last progress line (skipped non-finite updates left
   out), how many steps and target tokens they average (a record written at a stop, or the first
-  after a resume, covers part of an interval: metrics.whole_intervals weighs them), and the
-  throughput of all of them."""
+  after a resume, covers part of an interval: metrics.whole_intervals weighs them), R-Drop's KL
+  term per token where the run has one, and the throughput of all of them."""
   tokens = sum(float(s["tokens"]) for s in step_sums)
   good = [s for s in step_sums if s.get("finite", 1.0)]
   good_tokens = sum(float(s["tokens"]) for s in good) or float("nan")
-  return {"loss": sum(float(s["loss"]) for s in good) / good_tokens,
+  rdrop = {"rdrop_kl": sum(float(s["rdrop_kl"]) for s in good) / good_tokens
+           } if step_sums and "rdrop_kl" in step_sums[0] else {}
+  return {**rdrop, "loss": sum(float(s["loss"]) for s in good) / good_tokens,
           "nll": sum(float(s["nll"]) for s in good) / good_tokens,
           "accuracy": sum(float(s["correct"]) for s in good) / good_tokens,
           "grad_norm": float(np.mean([s["grad_norm"] for s in good])) if good else float("nan"),
@@ -281,7 +283,7 @@ class _Loop:
       self.watch.record(step + 1, batch.host, data_state, sums)
       data_state = batch.data_state
       self.interval_sums.append(sums)
-      self.interval_flops += batch.flops
+      self.interval_flops += batch.flops * (2 if cfg.train.rdrop_alpha else 1)  # R-Drop: 2 passes
       self.interval_positions += batch.positions
       self.interval_real += batch.real_tokens
       self.bar.update(1, tokens=batch.real_tokens * jax.process_count())
