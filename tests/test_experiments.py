@@ -1088,3 +1088,24 @@ def test_fairseqs_batching_is_written_as_its_batch_by_size_fills_batches():
   # then pair 1's 5, so pair 3 (6) starts a third batch.
   batches = [b.tolist() for b in fairseq_batches(lengths, max_tokens=12, multiple=2)]
   assert batches == [[2, 0], [4, 1], [3]]
+
+
+def test_fairseqs_patience_rule_stops_after_that_many_validations_without_a_new_best():
+  from experiments.analyses.early_stop import patience_stop
+  losses = [(1, 3.0), (2, 2.0), (3, 2.5), (4, 2.0), (5, 1.9), (6, 2.1), (7, 2.2), (8, 2.0)]
+  assert patience_stop(losses, patience=2) == 4   # 3 and 4 do not beat 2.0 (an equal loss neither)
+  assert patience_stop(losses, patience=3) == 8   # 5 is a new best; 6, 7, 8 are not
+  assert patience_stop(losses, patience=4) is None  # the rule never fires: the run trains on
+  assert patience_stop(losses[:5], patience=1) == 3
+
+
+def test_early_stop_reads_a_runs_validations(tmp_path):
+  from experiments.analyses.early_stop import one_run
+  records = [{"event": "eval", "step": 63 * k, "loss": 3.0 - 0.1 * min(k, 4), "nll": 9.0}
+             for k in range(1, 9)]
+  records.append({"event": "eval", "step": 63 * 4, "loss": 5.0, "nll": 9.0})  # re-validated: last
+  (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+  row = one_run(tmp_path, patience=3)
+  assert row["validations"] == 8 and row["every (steps)"] == "63" and row["loss"] == "loss"
+  # Step 252 now holds 5.0: the best is 2.6 at step 315 (k = 5), then 378, 441, 504 do not beat it.
+  assert row["best"] == "2.6000 at step 315" and row["stop (patience 3)"] == "step 504"

@@ -72,6 +72,23 @@ def test_label_smoothed_loss_against_hand_computation():
   assert float(sums["correct"]) == 0  # argmaxes are 3 and 2; targets 2 and 3
 
 
+def test_validation_reports_the_training_losses_label_smoothed_loss_beside_the_nll(rng):
+  """What fairseq validates (and early-stops) on: the loss with the training's smoothing."""
+  from transformer import partitioning
+  from transformer.training.step import jit_eval_step
+  model = Transformer(tiny_model_config())
+  params = init_params(model)
+  batch = {"src": random_tokens(rng, 3, 5, 24, lengths=[5, 3, 2]),
+           "tgt": random_tokens(rng, 3, 6, 24, lengths=[6, 4, 1])}
+  mesh = partitioning.make_mesh(base_config(), 24, jax.devices()[:1])
+  got = jit_eval_step(model, mesh, smoothing=0.1)(params, batch)
+  logits = model.apply({"params": params}, batch["src"], shift_right(batch["tgt"]))
+  smoothed, plain = loss_sums(logits, batch["tgt"], 0.1), loss_sums(logits, batch["tgt"], 0.0)
+  assert float(got["loss"]) == pytest.approx(float(smoothed["loss"]), rel=1e-5)
+  assert float(got["nll"]) == pytest.approx(float(plain["loss"]), rel=1e-5)
+  assert float(got["loss"]) > float(got["nll"])
+
+
 @pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.3])
 def test_hand_written_loss_gradient_matches_autodiff_of_log_softmax(smoothing, rng):
   """loss_sums' gradient is written by hand (p - q); it must equal autodiff of the textbook formula,

@@ -176,7 +176,7 @@ def compile_eval(cfg: ml_collections.ConfigDict, model: Transformer, target: Tar
                  rows: int, seq_len: int) -> dict[str, Any]:
   """The validation loss step, on the training layout of the parameters."""
   mesh = target.mesh
-  step = jit_eval_step(model, mesh)
+  step = jit_eval_step(model, mesh, cfg.train.label_smoothing)
   batch = {k: _abstract((rows, seq_len), jnp.int32, partitioning.batch_sharding(mesh))
            for k in ("src", "tgt")}
   compiled, seconds = _timed_compile(step.lower(params, batch), "eval", cfg)

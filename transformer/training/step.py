@@ -269,12 +269,16 @@ def jit_train_fns(cfg: ml_collections.ConfigDict, model: Transformer,
                         abstract_state=abstract, schedule=schedule)
 
 
-def eval_step(params: Any, batch: dict[str, jax.Array], *, model: Transformer) -> dict[str, jax.Array]:
-  return loss_sums(forward(model.apply, params, batch), batch["tgt"], smoothing=0.0)
+def eval_step(params: Any, batch: dict[str, jax.Array], *, model: Transformer,
+              smoothing: float = 0.0) -> dict[str, jax.Array]:
+  """Summed validation metrics: 'nll', 'correct', 'tokens', and 'loss', the label-smoothed loss
+  with the training's `smoothing` (what fairseq validates and early-stops on)."""
+  return loss_sums(forward(model.apply, params, batch), batch["tgt"], smoothing=smoothing)
 
 
-def jit_eval_step(model: Transformer, mesh: jax.sharding.Mesh) -> Callable:
+def jit_eval_step(model: Transformer, mesh: jax.sharding.Mesh, smoothing: float = 0.0
+                  ) -> Callable:
   """`eval_step` compiled for parameters laid out on `mesh` (the training loop's validation and
   transformer-compile's), summed metrics replicated."""
-  return partitioning.with_mesh(jax.jit(functools.partial(eval_step, model=model),
-                                        out_shardings=partitioning.replicated(mesh)), mesh)
+  step = functools.partial(eval_step, model=model, smoothing=smoothing)
+  return partitioning.with_mesh(jax.jit(step, out_shardings=partitioning.replicated(mesh)), mesh)

@@ -71,14 +71,16 @@ log = logging.getLogger("transformer")
 FLAGS = flags.FLAGS
 def evaluate_loss(eval_fn, params: Any, batches: Iterable[dict[str, np.ndarray]],
                   mesh: jax.sharding.Mesh) -> dict[str, float]:
-  """Teacher-forced validation metrics: per-token NLL, accuracy and perplexity."""
-  totals = {"nll": 0.0, "correct": 0.0, "tokens": 0.0}
+  """Teacher-forced validation metrics: per-token NLL, accuracy and perplexity, and the loss the
+  step's smoothing makes of them (`loss`: label-smoothed, as the training loss)."""
+  totals = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
   for batch in batches:
     sums = jax.device_get(eval_fn(params, partitioning.shard_batch(batch, mesh)))
     for k in totals:
       totals[k] += float(sums[k])
   nll = totals["nll"] / totals["tokens"]
-  return {"nll": nll, "accuracy": totals["correct"] / totals["tokens"],
+  return {"loss": totals["loss"] / totals["tokens"], "nll": nll,
+          "accuracy": totals["correct"] / totals["tokens"],
           "perplexity": float(np.exp(nll)), "tokens": totals["tokens"]}
 
 
@@ -249,7 +251,8 @@ class _Loop:
     self.start = int(run.state.step)
     self.t_start = self.interval_start = self.last_save = time.time()
     self.step_fn, self.eval_fn = compiled.loop_steps(  # every shape before the first step
-        run, jit_eval_step(run.model, run.mesh), stopped=lambda: stop.signal_name)
+        run, jit_eval_step(run.model, run.mesh, run.cfg.train.label_smoothing),
+        stopped=lambda: stop.signal_name)
     self.learning_rate = compiled.learning_rate(run.fns.schedule)
     self.lowered_before_loop = compiling.lowerings
     self.interval_sums, self.interval_flops, self.tokens_seen = [], 0.0, 0.0

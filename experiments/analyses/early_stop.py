@@ -1,0 +1,94 @@
+"""Where fairseq's early stop (`--patience N`) would have ended runs, read off their validations.
+
+    python -m experiments.analyses.early_stop RUN [RUN ...] [--patience=10] \
+        [--record=experiments/results/early_stop]
+
+fairseq validates every epoch and stops once its validation loss (the criterion's: label-smoothed)
+has not improved on the best so far for `--patience` validations in a row. The literature's
+Transformer-Tiny trains with `--max-update 8000 --patience 10`; configs/multi30k_tiny.py validates
+every epoch too, so the same rule applied to a run's `metrics.jsonl` says whether their runs end
+before 8,000 updates and where. Validation takes no randomness, so a run's validations are
+those of the same training with early stopping up to the stop. Prints, for each run: how many
+validations, the best and its step, and the stop's step (or that the rule never fires).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from absl import app, flags
+
+from transformer.cli import run_program
+from transformer.metrics import read_metrics
+from transformer.sweeps import records
+
+FLAGS = flags.FLAGS
+
+
+def patience_stop(losses: Sequence[tuple[int, float]], patience: int) -> int | None:
+  """The step of the validation at which fairseq's rule stops (`patience` validations in a row
+  without a loss below the best so far), or None if it never does; `losses` are (step, loss)."""
+  best, since_best = None, 0
+  for step, loss in losses:
+    if best is None or loss < best:
+      best, since_best = loss, 0
+    else:
+      since_best += 1
+      if since_best >= patience:
+        return step
+  return None
+
+
+def one_run(workdir: Path, patience: int) -> dict[str, object]:
+  """The run's validations (label-smoothed loss; the NLL where the run predates it) and the rule."""
+  evals = {r["step"]: r for r in read_metrics(workdir, "eval")}  # a step validated twice: the last
+  if not evals:
+    raise app.UsageError(f"{workdir} has no validation records in its metrics.jsonl")
+  key = "loss" if all("loss" in r for r in evals.values()) else "nll"
+  losses = [(step, evals[step][key]) for step in sorted(evals)]
+  best_step, best = min(losses, key=lambda pair: pair[1])
+  stop = patience_stop(losses, patience)
+  gaps = {b - a for (a, _), (b, _) in zip(losses, losses[1:])}
+  return {"run": str(workdir), "validations": len(losses),
+          "every (steps)": "/".join(str(g) for g in sorted(gaps)), "loss": key,
+          "best": f"{best:.4f} at step {best_step}",
+          f"stop (patience {patience})": f"step {stop}" if stop else
+          f"never (last validation: step {losses[-1][0]})"}
+
+
+def markdown(rows: list[dict[str, object]]) -> str:
+  keys = list(rows[0])
+  lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+  lines += ["| " + " | ".join(str(row[k]) for k in keys) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+  started = time.time()
+  if len(argv) < 2:
+    raise app.UsageError("pass one or more run folders (each with its metrics.jsonl)")
+  table = markdown([one_run(Path(workdir), FLAGS.patience) for workdir in argv[1:]])
+  print(table)
+  if FLAGS.record:
+    folder = Path(FLAGS.record)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.md").write_text(table + "\n")
+    records.record([folder / "results.md"], folder, "Where fairseq's early stop would end the runs",
+                   time.time() - started,
+                   ["python", "-m", "experiments.analyses.early_stop", *sys.argv[1:]])
+
+
+def run() -> None:
+  """The flags are defined here, not on import, so the module's functions import anywhere."""
+  flags.DEFINE_integer("patience", 10, "fairseq's --patience: validations without a new best.",
+                       lower_bound=1)
+  flags.DEFINE_string("record", None, "Also write the table as results.md in this record folder, "
+                      "with its README (command, machine, versions, commit, date).")
+  run_program("early_stop", main, takes_arguments=True, compilation_cache=False)
+
+
+if __name__ == "__main__":
+  run()
