@@ -145,6 +145,9 @@ def _train_keys() -> ml_collections.ConfigDict:
   train.device_prefetch = 2         # batches placed on the devices ahead of their step, from a
                                     # background thread (training/feed.py); 0: each when its step comes.
   train.dropout_rng = "threefry2x32"  # JAX's default; 'unsafe_rbg_threefry': dropout ~4x cheaper on CPU.
+  train.patience = 0                # > 0: stop once this many validations in a row have not
+                                    # bettered the best validation loss (fairseq's --patience;
+                                    # training/early_stop.py); 0: train to train.steps.
   train.log_every = 100
   train.eval_every = 1000
   train.checkpoint_every = 1000
@@ -236,7 +239,8 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
               "decode.tokens_per_batch"):
     _positive(cfg, key)
   for key in ("decode.max_extra_len", "decode.min_len", "model.decoder_layers", "model.d_k",
-              "model.d_v", "train.cooldown_steps", "data.loader_workers", "train.loss_chunks"):
+              "model.d_v", "train.cooldown_steps", "data.loader_workers", "train.loss_chunks",
+              "train.patience"):
     _positive(cfg, key, allow_zero=True)
   _choice(cfg, "model.norm", NORM_KINDS)
   _choice(cfg, "model.activation", ACTIVATIONS)

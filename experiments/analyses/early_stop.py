@@ -7,7 +7,8 @@ fairseq validates every epoch and stops once its validation loss (the criterion'
 has not improved on the best so far for `--patience` validations in a row. The literature's
 Transformer-Tiny trains with `--max-update 8000 --patience 10`; configs/multi30k_tiny.py validates
 every epoch too, so the same rule applied to a run's `metrics.jsonl` says whether their runs end
-before 8,000 updates and where. Validation takes no randomness, so a run's validations are
+before 8,000 updates and where (`train.patience` stops a run by the same rule:
+transformer/training/early_stop.py). Validation takes no randomness, so a run's validations are
 those of the same training with early stopping up to the stop. Prints, for each run: how many
 validations, the best and its step, and the stop's step (or that the rule never fires).
 """
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 from absl import app, flags
@@ -24,31 +24,19 @@ from absl import app, flags
 from transformer.cli import run_program
 from transformer.metrics import read_metrics
 from transformer.sweeps import records
+from transformer.training.early_stop import patience_stop, validation_losses
 
 FLAGS = flags.FLAGS
 
 
-def patience_stop(losses: Sequence[tuple[int, float]], patience: int) -> int | None:
-  """The step of the validation at which fairseq's rule stops (`patience` validations in a row
-  without a loss below the best so far), or None if it never does; `losses` are (step, loss)."""
-  best, since_best = None, 0
-  for step, loss in losses:
-    if best is None or loss < best:
-      best, since_best = loss, 0
-    else:
-      since_best += 1
-      if since_best >= patience:
-        return step
-  return None
-
-
 def one_run(workdir: Path, patience: int) -> dict[str, object]:
   """The run's validations (label-smoothed loss; the NLL where the run predates it) and the rule."""
-  evals = {r["step"]: r for r in read_metrics(workdir, "eval")}  # a step validated twice: the last
-  if not evals:
+  losses, key = validation_losses(workdir), "loss"
+  if not losses:  # a run from before validation recorded the label-smoothed loss
+    evals = {r["step"]: r for r in read_metrics(workdir, "eval")}  # validated twice: the last
+    losses, key = [(step, evals[step]["nll"]) for step in sorted(evals)], "nll"
+  if not losses:
     raise app.UsageError(f"{workdir} has no validation records in its metrics.jsonl")
-  key = "loss" if all("loss" in r for r in evals.values()) else "nll"
-  losses = [(step, evals[step][key]) for step in sorted(evals)]
   best_step, best = min(losses, key=lambda pair: pair[1])
   stop = patience_stop(losses, patience)
   gaps = {b - a for (a, _), (b, _) in zip(losses, losses[1:])}

@@ -23,6 +23,7 @@ from transformer.sweeps.grids import Grid, Variant
 
 LEVERS = [
     Variant("wu_tiny"),                                      # the reproduction: the first row
+    Variant("patience10", {"train.patience": 10}),           # their early stop (--patience 10)
     Variant("rdrop5", {"train.rdrop_alpha": 5.0}),           # R-Drop, the paper's IWSLT weight
     Variant("steps16k", {"train.steps": 16000}),             # twice the training, same averaging
     Variant("rotary", {"model.positional": "rotary"}),       # led within the training lengths

@@ -54,14 +54,14 @@ def restore_results(runs: list[Run], record: Path) -> int:
   restored = 0
   for run in runs:
     kept = kept_folder(run, record)
-    if evaluated(run) or not kept.is_dir():
+    if evaluated(run.settled()) or not kept.is_dir():
       continue
     for path in kept.rglob("*"):
       if path.is_file():
         target = run.workdir / path.relative_to(kept)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
-    restored += evaluated(run)
+    restored += evaluated(run.settled())  # its metrics say where it ended
   return restored
 
 
@@ -106,9 +106,10 @@ def run_all(runs: list[Run], record: Path | None = None, parallel: int = 1) -> l
 
 def run_one(prefix: str, run: Run, record: Path | None, env: dict[str, str] | None) -> str | None:
   """Trains and evaluates one run as far as it is not done; returns why it failed, or None."""
+  run = run.settled()
   done = results.trained_steps(run.workdir)
   todo = [e for e in (*run.evals.values(), *run.extra) if not e.report.is_file()]
-  if evaluated(run) and (not todo or done < run.config.train.steps):
+  if evaluated(run) and (not todo or done < run.final_step):
     if todo:
       log.warning("%s: no checkpoint of its last step here (results restored from a record), "
                   "so not scored for --also_min_len (%s); that table will lack it", prefix,
@@ -118,11 +119,11 @@ def run_one(prefix: str, run: Run, record: Path | None, env: dict[str, str] | No
     if record:
       keep_results(run, record)
     return None
-  if done < run.config.train.steps <= results.recorded_steps(run.workdir):
+  if done < run.final_step <= results.recorded_steps(run.workdir):
     return failed(f"{run.label}: its results were restored from the record without checkpoints, "
                   f"so it cannot be evaluated again ({', '.join(missing(run))}); evaluate it on "
                   f"the machine that trained it, or delete {run.workdir} to train it again")
-  if done >= run.config.train.steps:
+  if done >= run.final_step:
     log.info("%s: trained (step %d), skipping training", prefix, done)
   else:
     what = f"resuming from step {done}" if done else "training"
@@ -134,6 +135,8 @@ def run_one(prefix: str, run: Run, record: Path | None, env: dict[str, str] | No
       return failed(f"{run.label}: transformer-train exited with {status}; see "
                     f"{run.workdir / 'train.log'}")
     log.info("%s: trained in %s", prefix, format_duration(time.time() - t))
+    run = run.settled()  # a run that stopped early (train.patience) is scored where it stopped
+    todo = [e for e in (*run.evals.values(), *run.extra) if not e.report.is_file()]
   for report, _, command in todo:
     log.info("%s: evaluating -> %s", prefix, report.name)
     status = execute(command, run.workdir / "eval.log", env)

@@ -14,6 +14,7 @@ import ml_collections
 from transformer.config import ConfigError, validate
 from transformer.evaluation import evaluate
 from transformer.sweeps.grids import Grid, Variant
+from transformer.training import early_stop
 
 
 class Evaluation(NamedTuple):
@@ -22,6 +23,13 @@ class Evaluation(NamedTuple):
   report: Path
   ema_report: Path
   command: list[str]
+
+  def at_step(self, planned: int, step: int) -> Evaluation:
+    """The same evaluation of checkpoint `step` instead of the `planned` one (reports renamed)."""
+    rename = lambda path: path.with_name(path.name.replace(f"_step{planned}", f"_step{step}", 1))
+    return Evaluation(rename(self.report), rename(self.ema_report),
+                      [f"--step={step}" if arg == f"--step={planned}" else arg
+                       for arg in self.command])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +48,22 @@ class Run:
   @property
   def label(self) -> str:
     return f"{self.variant.name} seed {self.seed}"
+
+  @property
+  def final_step(self) -> int:
+    """The step the run ends at: train.steps, or where train.patience stopped it."""
+    stop = early_stop.stopped_at(self.workdir) if self.config.train.patience else None
+    return self.config.train.steps if stop is None else stop
+
+  def settled(self) -> Run:
+    """The run with its evaluations of its final step (planned at train.steps, which a run that
+    stops early never reaches)."""
+    planned, final = self.config.train.steps, self.final_step
+    if final == planned:
+      return self
+    return dataclasses.replace(self, evals={k: e.at_step(planned, final)
+                                            for k, e in self.evals.items()},
+                              extra=tuple(e.at_step(planned, final) for e in self.extra))
 
 
 def variant_config(base: ml_collections.ConfigDict, variant: Variant, seed: int

@@ -101,7 +101,7 @@ def collect(runs: Sequence[Any]) -> list[dict[str, Any]]:
     row["params"] = summaries[-1]["parameters"] if summaries else analytic_param_count(model)
     row["machine"], row["commit"] = trained_by(records), trained_by(records, "commit")
     row["steps_done"] = trained_steps(run.workdir) or recorded_steps(run.workdir)  # or a restored run's
-    row["finished"] = row["steps_done"] >= cfg.train.steps
+    row["finished"] = row["steps_done"] >= run.final_step  # train.steps, or an early stop
     clock = training_clock([r for r in records if r["event"] == "train"])
     row["train_sec"] = round(clock[-1] if clock else 0.0, 1)
     evals = {r["step"]: r for r in records if r["event"] == "eval"}  # a resumed step: the last

@@ -164,6 +164,8 @@ def main(argv: list[str]) -> None:
     log.info("Restored %d finished runs from %s (results only: their checkpoints are not kept)",
              restored, record / "runs")
   failures = [] if FLAGS.collect_only else run_all(to_run, record, FLAGS.parallel)
+  runs = [run.settled() for run in runs]  # scored where each ended (train.patience may stop one)
+  shortest = shortest and [run.settled() for run in shortest]
   if record and FLAGS.collect_only:
     for run in filter(evaluated, runs):
       keep_results(run, record)

@@ -5,8 +5,8 @@ The train step never applies an update whose loss or gradient is NaN or infinite
 host need not wait for the device after every step. `NonFiniteWatch` is the host side: it keeps the
 steps since the last check (their batches only in 'stop' mode) and, whenever the trainer syncs
 with the device anyway (progress lines, evaluation, checkpoints, a stop), reads their flags. In
-'stop' mode the first bad step ends training: the trainer saves the state as it was before that
-step as a checkpoint and writes the batch with `write_batch`; in 'skip' mode bad steps are counted
+'stop' mode the first bad step ends training: `stop_with_evidence` saves the state as it was
+before that step as a checkpoint and writes the batch (`write_batch`); in 'skip' mode bad steps are counted
 and logged, and training goes on.
 """
 
@@ -24,6 +24,7 @@ import sentencepiece as spm
 
 from transformer.errors import UserError
 from transformer.model.transformer import EOS_ID, PAD_ID
+from transformer.training import checkpoints
 
 log = logging.getLogger("transformer")
 BATCH_DIR = "nonfinite"
@@ -99,3 +100,24 @@ def _sentences(ids: np.ndarray, vocab: spm.SentencePieceProcessor) -> list[str]:
   if current:
     out.append(vocab.decode(current))
   return out
+
+
+def stop_with_evidence(run: Any, mngr: Any, state: Any, bad: StepRecord, writer: Any) -> None:
+  """Saves the state from before the bad step (unless that checkpoint exists) and its batch, then
+  raises NonFiniteError; `run` is the trainer's (train.Run), `mngr` its checkpoint manager."""
+  last_good = bad.number - 1
+  assert int(state.step) == last_good, (int(state.step), last_good)  # later steps were no-ops
+  loss, grad_norm = (float(x) for x in jax.device_get((bad.sums["loss"] / bad.sums["tokens"],
+                                                       bad.sums["grad_norm"])))
+  checkpoints.finish_saves(mngr)
+  if last_good not in mngr.all_steps():
+    checkpoints.save(mngr, last_good, state, run.train_pipeline.position(bad.data_before))
+    checkpoints.finish_saves(mngr)
+  batch_file = (write_batch(run.workdir, bad, run.vocab) if jax.process_index() == 0
+                else run.workdir / BATCH_DIR)
+  writer.write("nonfinite", bad.number, loss=loss, grad_norm=grad_norm)
+  raise NonFiniteError(
+      f"non-finite loss or gradient at step {bad.number} (loss {loss:.4g}, gradient norm "
+      f"{grad_norm:.4g}); the last good state is the checkpoint at step {last_good} in "
+      f"{mngr.directory} and the batch is in {batch_file}. Lower train.learning_rate or raise "
+      "train.warmup_steps, or set train.on_nonfinite=skip to skip such updates")

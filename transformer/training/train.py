@@ -55,7 +55,7 @@ from transformer.files import writable_directory
 from transformer.hardware import table_peak
 from transformer.metrics import CompileClock, MetricWriter, format_duration
 from transformer.model.transformer import ModelConfig, Transformer
-from transformer.training import checkpoints, compiled, feed, init_from, preemption
+from transformer.training import checkpoints, compiled, early_stop, feed, init_from, preemption
 from transformer.training import nonfinite as faults
 from transformer.training.step import (
   EmaTrainState,
@@ -227,10 +227,6 @@ def _write_and_train(run: Run, changed: list[str]) -> dict[str, Any]:
         progress.Progress("training", cfg.train.steps, "steps", initial=start, line_seconds=None,
                           mode=None if jax.process_index() == 0 else "off") as bar,
         CompileClock() as compiling):
-    if start < cfg.train.steps:  # which machine trains which steps (none: nothing to record)
-      trained_on = hardware.describe()
-      log.info("Machine: %s", trained_on["machine"])
-      writer.write("start", start, **trained_on, commit=version.commit())
     return _Loop(run, mngr, stop, writer, bar, n_params, compiling).train()
 
 
@@ -259,13 +255,22 @@ class _Loop:
     self.interval_real, self.interval_positions = 0.0, 0  # this process's target tokens, padding
     self.interval_wait = 0.0  # seconds the loop waited for its next batch
     self.saved_step = self.start
+    self.patience = (early_stop.Patience(run.cfg.train.patience, early_stop.validation_losses(
+        run.workdir, up_to=self.start)) if run.cfg.train.patience else None)
 
   def train(self) -> dict[str, Any]:
     run = self.run
+    if self.patience and self.patience.stop_step is not None:
+      log.info("Stopped early at step %d (train.patience = %d); nothing to do",
+               self.patience.stop_step, run.cfg.train.patience)
+      return self.finish(self.patience.stop_step)
     if self.start >= run.cfg.train.steps:
       log.info("Already trained to step %d (train.steps = %d); nothing to do", self.start,
                run.cfg.train.steps)
       return self.finish()
+    trained_on = hardware.describe()  # which machine trains which steps
+    log.info("Machine: %s", trained_on["machine"])
+    self.writer.write("start", self.start, **trained_on, commit=version.commit())
     batches = itertools.chain([run.first_batch], run.batches)
     with feed.DeviceFeed(batches, run.mesh, run.model.config,
                          depth=run.cfg.train.device_prefetch) as placed:
@@ -300,13 +305,16 @@ class _Loop:
         continue
       bad = self.watch.check()  # the device catches up here anyway
       if bad is not None:
-        _stop_at_nonfinite(run, self.mngr, state, bad, self.writer)
+        faults.stop_with_evidence(run, self.mngr, state, bad, self.writer)
       if log_due or (stop_due and self.interval_sums):  # a stop records its part-interval too
         self.log_progress(done, data_state)
-      if eval_due:
-        self.validate(done, state)
-      if save_due or (stop_due and self.saved_step != done):
+      early = eval_due and self.validate(done, state)
+      if early and self.interval_sums:  # the steps since the last progress line
+        self.log_progress(done, data_state)
+      if save_due or ((stop_due or early) and self.saved_step != done):
         self.save(done, state, data_state)
+      if early:
+        return self.stop_early(done)
       if stop_due:
         checkpoints.finish_saves(self.mngr)
         self.writer.write("interrupted", done, signal=self.stop.signal_name)
@@ -344,8 +352,9 @@ class _Loop:
     self.interval_start, self.interval_sums, self.interval_flops = time.time(), [], 0.0
     self.interval_real, self.interval_positions, self.interval_wait = 0.0, 0, 0.0
 
-  def validate(self, done: int, state: TrainState) -> None:
-    """Teacher-forced validation of the parameters (and of their moving average, if kept)."""
+  def validate(self, done: int, state: TrainState) -> bool:
+    """Teacher-forced validation of the parameters (and of their moving average, if kept); True if
+    the run stops early here (train.patience)."""
     run = self.run
     t, compiled = time.perf_counter(), self.compiling.seconds
     metrics = evaluate_loss(self.eval_fn, state.params, run.eval_batches, run.mesh)
@@ -359,6 +368,14 @@ class _Loop:
     self.writer.write("eval", done, **metrics)
     log.info("eval at step %d | nll %.3f | perplexity %.2f | accuracy %.3f%s", done,
              metrics["nll"], metrics["perplexity"], metrics["accuracy"], ema)
+    return self.patience is not None and self.patience.update(done, metrics["loss"])
+
+  def stop_early(self, done: int) -> dict[str, Any]:
+    best_step, best = self.patience.best()
+    self.writer.write(early_stop.STOP_EVENT, done, best_step=best_step, best_loss=best)
+    log.info("Stopping early at step %d: %d validations without a loss below %.4f (step %d)",
+             done, self.run.cfg.train.patience, best, best_step)
+    return self.finish(done)
 
   def save(self, step: int, state: TrainState, position: pipeline.PipelineState) -> None:
     t = time.perf_counter()
@@ -370,11 +387,12 @@ class _Loop:
              blocked)
     self.last_save, self.saved_step = time.time(), step
 
-  def finish(self) -> dict[str, Any]:
+  def finish(self, last: int | None = None) -> dict[str, Any]:
+    """The summary of a run that reached train.steps, or stopped early at step `last`."""
     t = time.perf_counter()
     checkpoints.finish_saves(self.mngr)
     self.checkpoint_sec += time.perf_counter() - t
-    total, train_time = self.run.cfg.train.steps, time.time() - self.t_start
+    total, train_time = last or self.run.cfg.train.steps, time.time() - self.t_start
     summary = {"steps": total, "resumed_from": self.start, "train_time_sec": train_time,
                "tokens_per_sec": (self.tokens_seen / train_time if train_time and self.tokens_seen
                                   else None),
@@ -399,28 +417,6 @@ class _Loop:
              "checkpoint_sec": self.checkpoint_sec, "data_wait_sec": self.wait_sec}
     return {**split, "steps_sec": train_time - sum(split.values()),
             "startup_sec": self.launch_sec}
-
-
-def _stop_at_nonfinite(run: Run, mngr, state: TrainState, bad: faults.StepRecord,
-                       writer: MetricWriter) -> None:
-  """Saves the state from before the bad step (unless that checkpoint exists) and its batch, then
-  raises NonFiniteError."""
-  last_good = bad.number - 1
-  assert int(state.step) == last_good, (int(state.step), last_good)  # later steps were no-ops
-  loss, grad_norm = (float(x) for x in jax.device_get((bad.sums["loss"] / bad.sums["tokens"],
-                                                       bad.sums["grad_norm"])))
-  checkpoints.finish_saves(mngr)
-  if last_good not in mngr.all_steps():
-    checkpoints.save(mngr, last_good, state, run.train_pipeline.position(bad.data_before))
-    checkpoints.finish_saves(mngr)
-  batch_file = (faults.write_batch(run.workdir, bad, run.vocab) if jax.process_index() == 0
-                else run.workdir / faults.BATCH_DIR)
-  writer.write("nonfinite", bad.number, loss=loss, grad_norm=grad_norm)
-  raise faults.NonFiniteError(
-      f"non-finite loss or gradient at step {bad.number} (loss {loss:.4g}, gradient norm "
-      f"{grad_norm:.4g}); the last good state is the checkpoint at step {last_good} in "
-      f"{mngr.directory} and the batch is in {batch_file}. Lower train.learning_rate or raise "
-      "train.warmup_steps, or set train.on_nonfinite=skip to skip such updates")
 
 
 # ---------------------------------------------------------------------------------- command line
