@@ -1,7 +1,7 @@
 """Is one set of translations better than another? Both BLEUs and a paired bootstrap for each.
 
     python -m experiments.analyses.compare_translations --references=val.de --lang=de \
-        BASELINE.hyp.txt SYSTEM.hyp.txt [MORE.hyp.txt ...]
+        BASELINE.hyp.txt SYSTEM.hyp.txt [MORE.hyp.txt ...] [--record=experiments/results/NAME]
 
 Each file holds one translation per line of the reference file (transformer-eval writes them beside
 its JSON reports: RUN/eval/<split>_step<N>[...]_ema.hyp.txt). Prints, for each file after the
@@ -13,15 +13,21 @@ when one system writes lowercased text (data.vocab_normalization=nmt_nfkc_cf) an
 
 from __future__ import annotations
 
+import sys
+import time
+from pathlib import Path
+
 from absl import app, flags
 
 from transformer.cli import run_program
 from transformer.data import sources
 from transformer.evaluation import bleu
-from transformer.sweeps import significance
+from transformer.sweeps import records, significance
 
 flags.DEFINE_string("references", None, "Reference translations, one per line (.gz or plain).")
 flags.DEFINE_string("lang", None, "Target language (de, fr, en): the Moses rules of the lowercased score.")
+flags.DEFINE_string("record", None, "Also write the table as results.md in this record folder, "
+                    "with its README (command, machine, versions, commit, date).")
 FLAGS = flags.FLAGS
 
 
@@ -52,12 +58,22 @@ def main(argv: list[str]) -> None:
   if len(files) < 2 or not FLAGS.references or not FLAGS.lang:
     raise app.UsageError("pass --references=FILE --lang=LANG and at least two translation files "
                          "(the first is the baseline)")
+  started = time.time()
   rows = compare(files, sources.read_lines(FLAGS.references), FLAGS.lang)
-  print("| translations | sacreBLEU | p vs first | lowercased tokenized BLEU | p vs first |")
-  print("|---|---|---|---|---|")
+  lines = ["| translations | sacreBLEU | p vs first | lowercased tokenized BLEU | p vs first |",
+           "|---|---|---|---|---|"]
   for row in rows:
-    print(f"| {row['file']} | {row['sacrebleu']:.2f} | {row.get('sacrebleu_p', float('nan')):.3f} | "
-          f"{row['lc_tok_bleu']:.2f} | {row.get('lc_tok_p', float('nan')):.3f} |".replace("nan", "–"))
+    lines.append(f"| {row['file']} | {row['sacrebleu']:.2f} | "
+                 f"{row.get('sacrebleu_p', float('nan')):.3f} | {row['lc_tok_bleu']:.2f} | "
+                 f"{row.get('lc_tok_p', float('nan')):.3f} |".replace("nan", "–"))
+  print("\n".join(lines))
+  if FLAGS.record:
+    folder = Path(FLAGS.record)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.md").write_text("\n".join(lines) + "\n")
+    records.record([folder / "results.md"], folder, "Translations compared: BLEU and the paired "
+                   "bootstrap", time.time() - started,
+                   ["python", "-m", "experiments.analyses.compare_translations", *sys.argv[1:]])
 
 
 if __name__ == "__main__":
