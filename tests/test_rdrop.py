@@ -98,12 +98,12 @@ def test_rdrop_gradient_equals_autodiff_of_the_formula():
 def test_rdrop_train_step_follows_the_gradient_of_its_two_passes(rng):
   """With SGD(1) the update is minus the gradient of the mean R-Drop loss per target token, computed
   here on the step's two passes (each row twice, side by side, under the step's dropout key)."""
-  model = Transformer(tiny_model_config(dropout=0.3))
+  model = Transformer(tiny_model_config(dropout=0.3, num_layers=1))
   params = init_params(model)
   state = TrainState.create(apply_fn=model.apply, params=params, tx=optax.sgd(1.0))
   batch = {"src": random_tokens(rng, 3, 5, 24, lengths=[5, 3, 2]),
            "tgt": random_tokens(rng, 3, 6, 24, lengths=[6, 4, 1])}
-  key, alpha = jax.random.key(7), 5.0
+  key, alpha = jax.random.key(7, impl="unsafe_rbg"), 5.0  # quick to compile
   step = jax.jit(functools.partial(train_step, smoothing=0.1, rdrop_alpha=alpha))
   new_state, sums = step(state, batch, key)
   assert float(sums["tokens"]) == 11
@@ -123,7 +123,7 @@ def test_rdrop_train_step_follows_the_gradient_of_its_two_passes(rng):
 
 
 def test_rdrop_without_dropout_makes_the_plain_update(rng):
-  model = Transformer(tiny_model_config(dropout=0.0))
+  model = Transformer(tiny_model_config(dropout=0.0, num_layers=1))
   state = TrainState.create(apply_fn=model.apply, params=init_params(model), tx=optax.sgd(1.0))
   batch = {"src": random_tokens(rng, 4, 5, 24), "tgt": random_tokens(rng, 4, 6, 24)}
   step = lambda **kw: jax.jit(functools.partial(train_step, smoothing=0.1, **kw))
