@@ -22,9 +22,8 @@ from pathlib import Path
 from absl import app, flags
 
 from transformer.cli import run_program
-from transformer.metrics import read_metrics
 from transformer.sweeps import records
-from transformer.training.early_stop import patience_stop, validation_losses
+from transformer.training.early_stop import Patience, validation_losses
 
 FLAGS = flags.FLAGS
 
@@ -33,12 +32,11 @@ def one_run(workdir: Path, patience: int) -> dict[str, object]:
   """The run's validations (label-smoothed loss; the NLL where the run predates it) and the rule."""
   losses, key = validation_losses(workdir), "loss"
   if not losses:  # a run from before validation recorded the label-smoothed loss
-    evals = {r["step"]: r for r in read_metrics(workdir, "eval")}  # validated twice: the last
-    losses, key = [(step, evals[step]["nll"]) for step in sorted(evals)], "nll"
+    losses, key = validation_losses(workdir, key="nll"), "nll"
   if not losses:
     raise app.UsageError(f"{workdir} has no validation records in its metrics.jsonl")
-  best_step, best = min(losses, key=lambda pair: pair[1])
-  stop = patience_stop(losses, patience)
+  rule = Patience(patience, losses)
+  (best_step, best), stop = rule.best(), rule.stop_step
   gaps = {b - a for (a, _), (b, _) in zip(losses, losses[1:])}
   return {"run": str(workdir), "validations": len(losses),
           "every (steps)": "/".join(str(g) for g in sorted(gaps)), "loss": key,

@@ -35,12 +35,14 @@ def patience_stop(losses: Sequence[tuple[int, float]], patience: int) -> int | N
   return None
 
 
-def validation_losses(workdir: str | Path, up_to: int | None = None) -> list[tuple[int, float]]:
-  """(step, label-smoothed validation loss) of the run's validations in step order, up to `up_to`
-  (a step validated twice, by a process that stopped and the one that resumed: the last)."""
+def validation_losses(workdir: str | Path, up_to: int | None = None, key: str = "loss"
+                      ) -> list[tuple[int, float]]:
+  """(step, validation `key`: the label-smoothed loss by default) of the run's validations in step
+  order, up to `up_to` (a step validated twice, by a process that stopped and the one that
+  resumed: the last)."""
   evals = {r["step"]: r for r in read_metrics(workdir, "eval")
-           if "loss" in r and (up_to is None or r["step"] <= up_to)}
-  return [(step, evals[step]["loss"]) for step in sorted(evals)]
+           if key in r and (up_to is None or r["step"] <= up_to)}
+  return [(step, evals[step][key]) for step in sorted(evals)]
 
 
 def stopped_at(workdir: str | Path) -> int | None:
