@@ -5,6 +5,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from transformer.metrics import MetricWriter, read_metrics
 from transformer.model import positions
 from transformer.sweeps import records, results, significance, test_sets
 from transformer.sweeps.grids import Grid, Variant, load_grid
-from transformer.sweeps.plan import plan, selected, variant_config
+from transformer.sweeps.plan import check_averaging, plan, selected, variant_config
 from transformer.sweeps.run import base_arguments
 
 
@@ -81,10 +82,18 @@ def test_bad_variants_and_grids_are_named():
     load_grid("table4")
 
 
-def test_the_example_grid_is_valid_on_the_default_config():
-  grid = load_grid(str(REPO / "experiments/recipes/example_grid.py"))
-  for variant in grid.variants:
-    variant_config(load_config(REPO / "configs/multi30k.py"), variant, 0)
+RECIPE_GRIDS = sorted(p.name for p in (REPO / "experiments/recipes").glob("*.py")
+                     if "def get_grid" in p.read_text())
+
+
+@pytest.mark.parametrize("name", RECIPE_GRIDS)
+def test_every_recipe_grid_plans_on_the_base_config_its_command_names(name):
+  recipe = REPO / "experiments/recipes" / name
+  base = re.search(r"--base=(configs/\w+\.py)", recipe.read_text())
+  assert base, f"{name}'s docstring gives no command with --base=configs/..."
+  grid = load_grid(str(recipe))
+  for variant in grid.variants:  # every key exists, every value validates, enough checkpoints kept
+    check_averaging(grid, variant, variant_config(load_config(REPO / base[1]), variant, 0))
 
 
 def test_the_scaled_table3_changes_the_default_in_every_variant_at_equal_steps():
