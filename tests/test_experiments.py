@@ -663,6 +663,14 @@ def test_compare_translations_scores_both_bleus_and_their_p(tmp_path, rng):
   assert lower["sacrebleu"] == pytest.approx(bleu_lib.sacrebleu_score([b.lower() for b in base], refs)["bleu"])
   assert lower["sacrebleu"] < first["sacrebleu"] and lower["sacrebleu_p"] < 0.01
   assert lower["lc_tok_p"] == 1.0
+  assert not first["uncased"] and not lower["uncased"]  # one system writes capitals: cased
+  shorter = tmp_path / "shorter.txt"  # both lowercased (a lowercased run's search against another)
+  shorter.write_text("\n".join(" ".join(b.lower().split()[:6]) for b in base) + "\n")
+  both = compare([str(files[1]), str(shorter)], refs, "de")
+  assert [row["uncased"] for row in both] == [True, True]
+  assert both[0]["sacrebleu"] == pytest.approx(
+      bleu_lib.sacrebleu_score([b.lower() for b in base], refs, lowercase=True)["bleu"])
+  assert both[0]["sacrebleu"] > lower["sacrebleu"]  # the capitals of the references no longer miss
   (tmp_path / "short.txt").write_text("one line\n")
   with pytest.raises(sources.DataError, match="has 1 lines for 40 references"):
     compare([str(files[0]), str(tmp_path / "short.txt")], refs, "de")

@@ -9,6 +9,8 @@ first, sacreBLEU and the Multi30k literature's lowercased tokenized BLEU (bleu.l
 the paired bootstrap p-value of its difference from the first file on each (Koehn 2004, sacreBLEU's
 resampling; transformer/sweeps/significance.py). The lowercased score is the one to compare
 when one system writes lowercased text (data.vocab_normalization=nmt_nfkc_cf) and the other not.
+Where every file is lowercased (runs trained on the release's lowercased text,
+data.pretokenize='multi30k'), sacreBLEU is scored uncased, as transformer-eval scores those runs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 
 from absl import app, flags
+from sacrebleu.metrics import BLEU
 
 from transformer.cli import run_program
 from transformer.data import sources
@@ -31,22 +34,31 @@ flags.DEFINE_string("record", None, "Also write the table as results.md in this 
 FLAGS = flags.FLAGS
 
 
+def lowercased(lines: list[str]) -> bool:
+  """Whether a system wrote no capital letter at all (a model trained on lowercased text)."""
+  return not any(character.isupper() for line in lines for character in line)
+
+
 def compare(files: list[str], references: list[str], lang: str) -> list[dict]:
-  """One row per file: both BLEUs, and for every file after the first its p against the first."""
+  """One row per file: both BLEUs, and for every file after the first its p against the first
+  (sacreBLEU uncased where every file is lowercased: `uncased` in each row says which)."""
   hyps = [sources.read_lines(f) for f in files]
   for path, lines in zip(files, hyps):
     if len(lines) != len(references):
       raise sources.DataError(f"{path} has {len(lines)} lines for {len(references)} references: "
                               "pass the translations of the same reference file")
+  uncased = all(lowercased(lines) for lines in hyps)
   # bleu.lc_tok_bleu's score, each side tokenized once for the score and the bootstrap alike
   tokenized_refs = [bleu.multi30k_tokenize(r, lang) for r in references]
   tokenized = [[bleu.multi30k_tokenize(h, lang) for h in lines] for lines in hyps]
   rows = []
   for i, (path, lines) in enumerate(zip(files, hyps)):
-    row = {"file": path, "sacrebleu": bleu.sacrebleu_score(lines, references)["bleu"],
+    row = {"file": path, "uncased": uncased,
+           "sacrebleu": bleu.sacrebleu_score(lines, references, lowercase=uncased)["bleu"],
            "lc_tok_bleu": bleu.multi_bleu_metric().corpus_score(tokenized[i], [tokenized_refs]).score}
     if i:
-      row["sacrebleu_p"] = significance.paired_bootstrap(hyps[0], lines, references)
+      row["sacrebleu_p"] = significance.paired_bootstrap(hyps[0], lines, references,
+                                                         metric=BLEU(lowercase=uncased))
       row["lc_tok_p"] = significance.paired_bootstrap(tokenized[0], tokenized[i], tokenized_refs,
                                                       metric=bleu.multi_bleu_metric())
     rows.append(row)
@@ -60,7 +72,8 @@ def main(argv: list[str]) -> None:
                          "(the first is the baseline)")
   started = time.time()
   rows = compare(files, sources.read_lines(FLAGS.references), FLAGS.lang)
-  lines = ["| translations | sacreBLEU | p vs first | lowercased tokenized BLEU | p vs first |",
+  sacre = "sacreBLEU, uncased" if rows[0]["uncased"] else "sacreBLEU"
+  lines = [f"| translations | {sacre} | p vs first | lowercased tokenized BLEU | p vs first |",
            "|---|---|---|---|---|"]
   for row in rows:
     lines.append(f"| {row['file']} | {row['sacrebleu']:.2f} | "
