@@ -106,6 +106,10 @@ def test_tokenized_bleu_equals_multi_bleu_on_pre_tokenized_text():
   assert result["lines"] == 3 and result["case"] == "cased" and "moses(de)" in result["tokenizer"]
   assert "get_ende_bleu.sh" in result["tokenizer"]
   assert result["bleu"] > sacrebleu_score(hypotheses, references)["bleu"]  # compounds count thrice
+  # A run that writes lowercased text: both sides lowercased, the same count as on cased text.
+  lowered = tokenized_bleu([h.lower() for h in hypotheses], references, "de", lowercase=True)
+  assert lowered["bleu"] == pytest.approx(result["bleu"]) and lowered["case"] == "lowercased"
+  assert tokenized_bleu([h.lower() for h in hypotheses], references, "de")["bleu"] < result["bleu"]
 
 
 LC_TOK = Path(__file__).parent / "fixtures" / "multi30k_lc_tok"

@@ -71,11 +71,15 @@ def paper_tokenize(sentence: str, lang: str) -> str:
   return compound_split(tokenizer.tokenize(text, return_str=True, escape=True))
 
 
-def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> dict:
-  """The paper's BLEU: cased corpus BLEU (multi-bleu.perl) on Moses-tokenized, compound-split text."""
-  return {**multi_bleu(hypotheses, references, lambda text: paper_tokenize(text, lang)),
-          "case": "cased", "tokenizer": f"unicode punctuation + moses({lang}) + compound "
-                                        "splitting (##AT##-##AT##), as t2t's get_ende_bleu.sh"}
+def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str,
+                   lowercase: bool = False) -> dict:
+  """The paper's BLEU: cased corpus BLEU (multi-bleu.perl) on Moses-tokenized, compound-split text;
+  `lowercase`: both sides lowercased first (a run that writes lowercased text)."""
+  case = (lambda text: text.lower()) if lowercase else (lambda text: text)
+  return {**multi_bleu(hypotheses, references, lambda text: paper_tokenize(case(text), lang)),
+          "case": "lowercased" if lowercase else "cased",
+          "tokenizer": f"unicode punctuation + moses({lang}) + compound splitting (##AT##-##AT##), "
+                       "as t2t's get_ende_bleu.sh"}
 
 
 def multi_bleu_metric() -> BLEU:

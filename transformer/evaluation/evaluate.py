@@ -121,7 +121,7 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
                 stats["truncated_sources"], cfg.data.max_len)
   score = bleu.sacrebleu_score(hypotheses, text.target, lowercase=form.lowercases)
   chrf = bleu.chrf_score(hypotheses, text.target)
-  paper_score = bleu.tokenized_bleu(hypotheses, text.target, cfg.data.tgt_lang)
+  paper_score = bleu.tokenized_bleu(hypotheses, text.target, cfg.data.tgt_lang, form.lowercases)
   lc_tok = bleu.lc_tok_bleu(hypotheses, text.target, cfg.data.tgt_lang)
   report = {"workdir": members[0], "checkpoint_step": step, "averaged_steps": steps,
             "ensemble": members if len(members) > 1 else None, "ema": ema,
@@ -229,7 +229,7 @@ def print_report(report: dict[str, Any]) -> None:
         f"sacreBLEU {score['bleu']:.2f}  {score['signature']}")
   print(f"  chrF {report['chrf']['chrf']:.2f}  {report['chrf']['signature']}")
   paper = report["tokenized_bleu"]
-  print(f"  tokenized BLEU (the paper's: {paper['tokenizer']}, cased, multi-bleu) "
+  print(f"  tokenized BLEU (the paper's: {paper['tokenizer']}, {paper['case']}, multi-bleu) "
         f"{paper['bleu']:.2f}")
   print(f"  lowercased tokenized BLEU (the Multi30k literature's: lc.norm.tok, multi-bleu) "
         f"{report['lc_tok_bleu']['bleu']:.2f}")
