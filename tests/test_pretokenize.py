@@ -79,6 +79,10 @@ def test_a_lowercased_runs_sacrebleu_is_uncased_and_says_so():
                     for lc in (False, True))
   assert uncased["bleu"] == pytest.approx(100.0) and cased["bleu"] < 50
   assert "case:lc" in uncased["signature"] and uncased["case"] == "lowercased"
+  chrf_cased, chrf_uncased = (bleu.chrf_score(["ein mann fährt rad."], refs, lowercase=lc)
+                              for lc in (False, True))
+  assert chrf_uncased["chrf"] == pytest.approx(100.0) and chrf_cased["chrf"] < 100
+  assert "case:lc" in chrf_uncased["signature"]
 
 
 def test_the_literatures_recipe_is_wu_et_als_tiny_transformer():

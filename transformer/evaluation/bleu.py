@@ -48,11 +48,13 @@ def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str],
           "case": "lowercased" if lowercase else "cased", "tokenizer": "13a"}
 
 
-def chrf_score(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
-  """Corpus chrF (sacreBLEU's defaults: character 6-grams, beta 2), with its signature."""
+def chrf_score(hypotheses: Sequence[str], references: Sequence[str],
+               lowercase: bool = False) -> dict:
+  """Corpus chrF (sacreBLEU's defaults: character 6-grams, beta 2), with its signature;
+  `lowercase`: uncased, as `sacrebleu_score`'s."""
   if len(hypotheses) != len(references):
     raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-  metric = CHRF()
+  metric = CHRF(lowercase=lowercase)
   result = metric.corpus_score(list(hypotheses), [list(references)])
   return {"chrf": result.score, "signature": str(metric.get_signature())}
 

@@ -120,7 +120,7 @@ def evaluate(workdir: str, step: int | None = None, split: str | None = None,
     log.warning("%d source sentences were longer than %d tokens and were truncated",
                 stats["truncated_sources"], cfg.data.max_len)
   score = bleu.sacrebleu_score(hypotheses, text.target, lowercase=form.lowercases)
-  chrf = bleu.chrf_score(hypotheses, text.target)
+  chrf = bleu.chrf_score(hypotheses, text.target, form.lowercases)
   paper_score = bleu.tokenized_bleu(hypotheses, text.target, cfg.data.tgt_lang, form.lowercases)
   lc_tok = bleu.lc_tok_bleu(hypotheses, text.target, cfg.data.tgt_lang)
   report = {"workdir": members[0], "checkpoint_step": step, "averaged_steps": steps,
