@@ -85,3 +85,17 @@ def test_a_results_csv_machine_is_shortened_to_its_cpu_and_its_family_and_model_
   assert results._cpu_name("AMD EPYC (AuthenticAMD family 25 model 1), 1 cpu device(s), JAX 0.10.2"
                           ) == "AMD EPYC (family 25 model 1)"
   assert results._cpu_name("AMD EPYC") == "AMD EPYC"
+
+
+def test_a_recipes_hours_alone_leave_out_the_intervals_it_shared_or_compiled(tmp_path):
+  """Training hours at the pace of the fastest tenth of a run's intervals: here a run whose
+  intervals took 1 s a step alone and 2 s shared, restarted once (the new process's first
+  interval, from 0, compiles and is left out)."""
+  clock, records = 0.0, []
+  for step in range(100, 2100, 100):  # 20 intervals: steps 100..2000, a restart after 1000
+    if step == 1100:
+      clock = 0.0
+    clock += 100 * (1.0 if step % 300 == 0 else 2.0) + (30.0 if step in (100, 1100) else 0.0)
+    records.append({"event": "train", "step": step, "elapsed": clock})
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  assert results._alone_hours(tmp_path) == pytest.approx(2000 * 1.0 / 3600)
