@@ -724,8 +724,8 @@ def test_the_test_set_table_averages_the_seeds_and_puts_the_literature_beside_th
   rows = [line for line in text.splitlines() if line.startswith("| validation") or line.startswith("| test")]
   assert rows[0] == "| validation | 40.00 | 41.00 | **40.50** | 39.50 | 0.960 | – | – |"
   text_only, best = LITERATURE["en-de"][0][2][1], LITERATURE["en-de"][1][2][1]
-  assert (text_only, best) == ("33.4", "36.04")  # as published, with the published precision
-  assert rows[1] == "| test_2017_flickr | 33.00 | 34.50 | **33.75** | 32.50 | 0.950 | 33.4 | 36.04 |"
+  assert (text_only, best) == ("33.36", "36.04")  # as published, with the published precision
+  assert rows[1] == "| test_2017_flickr | 33.00 | 34.50 | **33.75** | 32.50 | 0.950 | 33.36 | 36.04 |"
 
 
 def test_the_test_set_table_labels_an_ensemble_by_its_runs_seeds():
