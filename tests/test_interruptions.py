@@ -224,3 +224,20 @@ def test_a_stop_and_its_resume_log_the_loss_curve_of_an_uninterrupted_run(tmp_pa
   for mine, theirs in zip(merged, expected):
     for key in ("loss", "nll", "accuracy"):
       assert mine[key] == pytest.approx(theirs[key], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_a_run_continued_to_more_steps_ends_as_one_trained_there_at_once(tmp_path):
+  """With a schedule that has no end (no cool-down), training to step 30 and then, with
+  train.steps raised, on to 60 is the same run as training to 60 at once (grids continue a run
+  this way): the same parameters and Adam state, bit for bit."""
+  cfg = run_config(tmp_path)
+  cfg.train.log_every = 30
+  at_once, continued = tmp_path / "at_once", tmp_path / "continued"
+  train_and_evaluate(cfg, str(at_once))
+  shorter = cfg.copy_and_resolve_references()
+  shorter.train.steps = STEPS // 2
+  train_and_evaluate(shorter, str(continued))
+  assert max(checkpoints.manager(continued, read_only=True).all_steps()) == STEPS // 2
+  train_and_evaluate(cfg, str(continued))
+  assert_identical(final_state(continued), final_state(at_once))
