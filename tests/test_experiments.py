@@ -4,6 +4,7 @@ import csv
 import importlib.util
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -671,6 +672,15 @@ def test_compare_translations_scores_both_bleus_and_their_p(tmp_path, rng):
   assert both[0]["sacrebleu"] == pytest.approx(
       bleu_lib.sacrebleu_score([b.lower() for b in base], refs, lowercase=True)["bleu"])
   assert both[0]["sacrebleu"] > lower["sacrebleu"]  # the capitals of the references no longer miss
+  # The lowercased score's two factors, by hand: tokens against the references' and the brevity
+  # penalty exp(1 - r / c) of a shorter system divided out.
+  hyp_tokens = sum(len(bleu_lib.multi30k_tokenize(h, "de").split())
+                   for h in shorter.read_text().splitlines())
+  ref_tokens = sum(len(bleu_lib.multi30k_tokenize(r, "de").split()) for r in refs)
+  assert hyp_tokens < ref_tokens
+  assert both[1]["length_ratio"] == pytest.approx(hyp_tokens / ref_tokens)
+  assert both[1]["lc_tok_without_bp"] * math.exp(1 - ref_tokens / hyp_tokens) == pytest.approx(
+      both[1]["lc_tok_bleu"])
   (tmp_path / "short.txt").write_text("one line\n")
   with pytest.raises(sources.DataError, match="has 1 lines for 40 references"):
     compare([str(files[0]), str(tmp_path / "short.txt")], refs, "de")

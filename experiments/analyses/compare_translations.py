@@ -7,7 +7,10 @@ Each file holds one translation per line of the reference file (transformer-eval
 its JSON reports: RUN/eval/<split>_step<N>[...]_ema.hyp.txt). Prints, for each file after the
 first, sacreBLEU and the Multi30k literature's lowercased tokenized BLEU (bleu.lc_tok_bleu) and
 the paired bootstrap p-value of its difference from the first file on each (Koehn 2004, sacreBLEU's
-resampling; transformer/sweeps/significance.py). The lowercased score is the one to compare
+resampling; transformer/sweeps/significance.py), and beside the lowercased score its two factors:
+the length of the translations against the references' (tokens) and the BLEU without the brevity
+penalty (the n-gram precisions' geometric mean). A gain that is all brevity penalty is a gain in
+length only: it transfers to another test set only where that set's references are as long. The lowercased score is the one to compare
 when one system writes lowercased text (data.vocab_normalization=nmt_nfkc_cf) and the other not.
 Where every file is lowercased (runs trained on the release's lowercased text,
 data.pretokenize='multi30k'), sacreBLEU is scored uncased, as transformer-eval scores those runs.
@@ -15,6 +18,7 @@ data.pretokenize='multi30k'), sacreBLEU is scored uncased, as transformer-eval s
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
@@ -39,6 +43,13 @@ def lowercased(lines: list[str]) -> bool:
   return not any(character.isupper() for line in lines for character in line)
 
 
+def precisions_mean(precisions: list[float]) -> float:
+  """BLEU without its brevity penalty: the geometric mean of the n-gram precisions (in %)."""
+  if min(precisions) <= 0:
+    return 0.0
+  return math.exp(sum(math.log(p) for p in precisions) / len(precisions))
+
+
 def compare(files: list[str], references: list[str], lang: str) -> list[dict]:
   """One row per file: both BLEUs, and for every file after the first its p against the first
   (sacreBLEU uncased where every file is lowercased: `uncased` in each row says which)."""
@@ -53,9 +64,11 @@ def compare(files: list[str], references: list[str], lang: str) -> list[dict]:
   tokenized = [[bleu.multi30k_tokenize(h, lang) for h in lines] for lines in hyps]
   rows = []
   for i, (path, lines) in enumerate(zip(files, hyps)):
+    lc_tok = bleu.multi_bleu_metric().corpus_score(tokenized[i], [tokenized_refs])
     row = {"file": path, "uncased": uncased,
            "sacrebleu": bleu.sacrebleu_score(lines, references, lowercase=uncased)["bleu"],
-           "lc_tok_bleu": bleu.multi_bleu_metric().corpus_score(tokenized[i], [tokenized_refs]).score}
+           "lc_tok_bleu": lc_tok.score, "length_ratio": lc_tok.sys_len / lc_tok.ref_len,
+           "lc_tok_without_bp": precisions_mean(lc_tok.precisions)}
     if i:
       row["sacrebleu_p"] = significance.paired_bootstrap(hyps[0], lines, references,
                                                          metric=BLEU(lowercase=uncased))
@@ -73,12 +86,14 @@ def main(argv: list[str]) -> None:
   started = time.time()
   rows = compare(files, sources.read_lines(FLAGS.references), FLAGS.lang)
   sacre = "sacreBLEU, uncased" if rows[0]["uncased"] else "sacreBLEU"
-  lines = [f"| translations | {sacre} | p vs first | lowercased tokenized BLEU | p vs first |",
-           "|---|---|---|---|---|"]
+  lines = [f"| translations | {sacre} | p vs first | lowercased tokenized BLEU | p vs first "
+           "| its length / the references' | its BLEU without the brevity penalty |",
+           "|---|---|---|---|---|---|---|"]
   for row in rows:
     lines.append(f"| {row['file']} | {row['sacrebleu']:.2f} | "
                  f"{row.get('sacrebleu_p', float('nan')):.3f} | {row['lc_tok_bleu']:.2f} | "
-                 f"{row.get('lc_tok_p', float('nan')):.3f} |".replace("nan", "–"))
+                 f"{row.get('lc_tok_p', float('nan')):.3f} | {row['length_ratio']:.3f} | "
+                 f"{row['lc_tok_without_bp']:.2f} |".replace("nan", "–"))
   print("\n".join(lines))
   if FLAGS.record:
     folder = Path(FLAGS.record)
