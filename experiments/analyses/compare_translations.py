@@ -10,8 +10,9 @@ the paired bootstrap p-value of its difference from the first file on each (Koeh
 resampling; transformer/sweeps/significance.py), and beside the lowercased score its two factors:
 the length of the translations against the references' (tokens) and the BLEU without the brevity
 penalty (the n-gram precisions' geometric mean). A gain that is all brevity penalty is a gain in
-length only: it transfers to another test set only where that set's references are as long. The lowercased score is the one to compare
-when one system writes lowercased text (data.vocab_normalization=nmt_nfkc_cf) and the other not.
+length only: it transfers to another test set only where that set's references are as long.
+The lowercased score is the one to compare when one system writes lowercased text
+(data.vocab_normalization=nmt_nfkc_cf) and the other not.
 Where every file is lowercased (runs trained on the release's lowercased text,
 data.pretokenize='multi30k'), sacreBLEU is scored uncased, as transformer-eval scores those runs.
 """
