@@ -1103,6 +1103,32 @@ def test_a_grid_chooses_on_the_validation_set_only_and_names_its_choice():
   for row in rows:  # without a moving average everywhere, the raw parameters' BLEU decides
     row["dev_ema_bleu"] = 50.0 if row["variant"] == "E-learned" and row["seed"] else None
   assert "**base**, BLEU 31.17" in results.chosen(rows, grid)
+  # A variant ahead by its brevity penalty alone (longer translations, the same words or worse)
+  # is named and passed over; ahead in its words too, it is chosen.
+  rows = fake_rows()
+  for row in rows:
+    learned = row["variant"] == "E-learned"
+    row["dev_ema_bleu"] = 40.0 if learned else 32.0
+    row["dev_ema_without_bp"] = 33.0 if learned else 33.5
+  line = results.chosen(rows, grid)
+  assert "**base**, BLEU 32.00 over 3 seed(s)" in line
+  assert line.endswith("by length alone (their BLEU without the brevity penalty is not above "
+                       "base's 33.50), so not chosen: E-learned (40.00; 33.00).")
+  for row in rows:
+    row["dev_ema_without_bp"] += 1.0 if row["variant"] == "E-learned" else 0.0
+  assert "**E-learned**, BLEU 40.00" in results.chosen(rows, grid)
+  assert "length alone" not in results.chosen(rows, grid)
+
+
+def test_a_reports_bleu_without_its_brevity_penalty_is_its_precisions_geometric_mean():
+  refs = ["ein mann fährt mit dem rad durch die stadt", "zwei hunde spielen im tiefen schnee"] * 5
+  hyps = ["ein mann fährt mit dem rad", "zwei hunde spielen im schnee"] * 5  # short: BP < 1
+  report = {"sacrebleu": bleu_lib.sacrebleu_score(hyps, refs)}
+  assert report["sacrebleu"]["brevity_penalty"] < 0.9
+  precisions = report["sacrebleu"]["precisions"]
+  assert results.without_brevity_penalty(report) == pytest.approx(
+      math.exp(sum(math.log(p) for p in precisions) / 4))
+  assert results.without_brevity_penalty(None) is None
 
 
 def test_fairseqs_batching_is_written_as_its_batch_by_size_fills_batches():

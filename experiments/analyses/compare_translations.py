@@ -9,7 +9,7 @@ first, sacreBLEU and the Multi30k literature's lowercased tokenized BLEU (bleu.l
 the paired bootstrap p-value of its difference from the first file on each (Koehn 2004, sacreBLEU's
 resampling; transformer/sweeps/significance.py), and beside the lowercased score its two factors:
 the length of the translations against the references' (tokens) and the BLEU without the brevity
-penalty (the n-gram precisions' geometric mean). A gain that is all brevity penalty is a gain in
+penalty (the score over it: the n-gram precisions' geometric mean). A gain that is all brevity penalty is a gain in
 length only: it transfers to another test set only where that set's references are as long.
 The lowercased score is the one to compare when one system writes lowercased text
 (data.vocab_normalization=nmt_nfkc_cf) and the other not.
@@ -19,7 +19,6 @@ data.pretokenize='multi30k'), sacreBLEU is scored uncased, as transformer-eval s
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from pathlib import Path
@@ -44,13 +43,6 @@ def lowercased(lines: list[str]) -> bool:
   return not any(character.isupper() for line in lines for character in line)
 
 
-def precisions_mean(precisions: list[float]) -> float:
-  """BLEU without its brevity penalty: the geometric mean of the n-gram precisions (in %)."""
-  if min(precisions) <= 0:
-    return 0.0
-  return math.exp(sum(math.log(p) for p in precisions) / len(precisions))
-
-
 def compare(files: list[str], references: list[str], lang: str) -> list[dict]:
   """One row per file: both BLEUs, and for every file after the first its p against the first
   (sacreBLEU uncased where every file is lowercased: `uncased` in each row says which)."""
@@ -69,7 +61,7 @@ def compare(files: list[str], references: list[str], lang: str) -> list[dict]:
     row = {"file": path, "uncased": uncased,
            "sacrebleu": bleu.sacrebleu_score(lines, references, lowercase=uncased)["bleu"],
            "lc_tok_bleu": lc_tok.score, "length_ratio": lc_tok.sys_len / lc_tok.ref_len,
-           "lc_tok_without_bp": precisions_mean(lc_tok.precisions)}
+           "lc_tok_without_bp": lc_tok.score / lc_tok.bp if lc_tok.bp else 0.0}
     if i:
       row["sacrebleu_p"] = significance.paired_bootstrap(hyps[0], lines, references,
                                                          metric=BLEU(lowercase=uncased))

@@ -86,6 +86,14 @@ def _report(path: Path) -> dict[str, Any] | None:
   return json.loads(path.read_text()) if path.is_file() else None
 
 
+def without_brevity_penalty(report: dict[str, Any] | None) -> float | None:
+  """A report's sacreBLEU with its brevity penalty divided out: the score of its words alone, which
+  a search or lever that only lengthens the translations does not raise."""
+  if not report or not report["sacrebleu"].get("brevity_penalty"):
+    return None
+  return report["sacrebleu"]["bleu"] / report["sacrebleu"]["brevity_penalty"]
+
+
 def collect(runs: Sequence[Any]) -> list[dict[str, Any]]:
   """One record per run (transformer.sweeps.run.Run): its settings and whatever results exist (None where
   missing)."""
@@ -112,6 +120,8 @@ def collect(runs: Sequence[Any]) -> list[dict[str, Any]]:
       report, averaged = _report(evaluation.report), _report(evaluation.ema_report)
       row[f"{name}_bleu"] = report["sacrebleu"]["bleu"] if report else None
       row[f"{name}_ema_bleu"] = averaged["sacrebleu"]["bleu"] if averaged else None
+      row[f"{name}_without_bp"] = without_brevity_penalty(report)
+      row[f"{name}_ema_without_bp"] = without_brevity_penalty(averaged)
       row[f"{name}_tokenized_bleu"] = report["tokenized_bleu"]["bleu"] if report else None
       row[f"{name}_lc_tok_bleu"] = (report.get("lc_tok_bleu") or {}).get("bleu") if report else None
       row[f"{name}_ema_lc_tok_bleu"] = ((averaged.get("lc_tok_bleu") or {}).get("bleu")
@@ -318,22 +328,36 @@ def held_out_table(rows: list[dict[str, Any]], grid: Grid, references: dict[str,
 
 def chosen(finished: list[dict[str, Any]], grid: Grid) -> str:
   """The line that names the variant a choosing grid picks: the best mean BLEU over its finished
-  seeds on `grid.select_on` (the moving average's where every run has one)."""
+  seeds on `grid.select_on` (the moving average's where every run has one) among the first row and
+  the variants whose BLEU without the brevity penalty is above the first row's too. A gain in
+  length alone is left out: it is a property of the validation references' length (longer, for
+  their sources, than a test set's may be), not of the translations' words."""
   name = grid.select_on
-  means = {}
+  means, words = {}, {}
   for variant in grid.variants:
     mine = [r for r in finished if r["variant"] == variant.name]
-    key = (f"{name}_ema_bleu" if mine and all(r.get(f"{name}_ema_bleu") is not None for r in mine)
-           else f"{name}_bleu")
-    summary = mean_std([r.get(key) for r in mine])
+    ema = bool(mine) and all(r.get(f"{name}_ema_bleu") is not None for r in mine)
+    summary = mean_std([r.get(f"{name}_ema_bleu" if ema else f"{name}_bleu") for r in mine])
     if summary:
       means[variant.name] = summary
+      words[variant.name] = mean_std([r.get(f"{name}_ema_without_bp" if ema else
+                                            f"{name}_without_bp") for r in mine])
   if not means:
     return f"Chosen on {name}: no variant has finished runs yet."
-  best = max(means, key=lambda v: means[v][0])
-  return (f"Chosen on {name} (the validation set; the held-out test sets play no part): "
+  first = grid.variants[0].name
+  base_words = words.get(first)
+  length_only = sorted(v for v in means if v != first and base_words and words[v]
+                       and means[v][0] > means.get(first, (float("-inf"),))[0]
+                       and words[v][0] <= base_words[0])
+  best = max((v for v in means if v not in length_only), key=lambda v: means[v][0])
+  line = (f"Chosen on {name} (the validation set; the held-out test sets play no part): "
           f"**{best}**, BLEU {means[best][0]:.2f} over {means[best][2]} seed(s), of "
           f"{len(means)} variant(s) with finished runs.")
+  if length_only:
+    line += (" Above the first row's BLEU by length alone (their BLEU without the brevity penalty "
+             f"is not above {first}'s {base_words[0]:.2f}), so not chosen: "
+             + ", ".join(f"{v} ({means[v][0]:.2f}; {words[v][0]:.2f})" for v in length_only) + ".")
+  return line
 
 
 def write(rows: list[dict[str, Any]], grid: Grid, root: Path, min_len: int = 0,
