@@ -12,7 +12,10 @@ The first row is the reproduction itself: its runs are multi30k_wu_tiny's (same 
 seeds), copied into this record before the grid starts rather than trained twice, and `steps16k`
 continues the reproduction's seed 0 from its step-8,000 checkpoint (the schedule has no end, so it
 is the same run as one trained to 16,000): experiments/recipes/multi30k_literature.sh does both and
-runs this grid after the reproduction's.
+runs this grid after the reproduction's. `distilled` is sequence-level knowledge distillation (Kim
+and Rush, 2016): the same model trained on the training sources paired with their translations by
+the reproduction's three seeds ensembled, which the same script makes first (~15 minutes); its
+budget counts the teacher's three runs.
 
 A run is ~2.5 hours of the 2-core CPU alone (R-Drop in two micro-batches ~3x that, measured in
 experiments/results/cpu/rdrop_speed/; twice the updates 2x, 1x when continued); the grid resumes
@@ -22,9 +25,18 @@ where it stopped. Variants whose difference is under the seeds' spread get more 
 
 from transformer.sweeps.grids import Grid, Variant
 
+# The reproduction's three seeds ensembled (each the mean of its last 10 checkpoints, beam 5)
+# translate the training sources; multi30k_literature.sh writes this file before the grid starts.
+TEACHER_TARGETS = "runs/experiments/multi30k_levers/teacher/train.de"
+BUNDLED = "transformer/data/multi30k"
+
 LEVERS = [  # in the order they train: the cheapest and likeliest to move BLEU first
     Variant("wu_tiny"),                                      # the reproduction: the first row
     Variant("steps16k", {"train.steps": 16000}),             # twice the training, same averaging
+    # sequence-level knowledge distillation: the teacher's translations as the training targets
+    Variant("distilled", {"data.source": "files", "data.train_src": f"{BUNDLED}/train.en.gz",
+                          "data.train_tgt": TEACHER_TARGETS, "data.eval_src": f"{BUNDLED}/val.en.gz",
+                          "data.eval_tgt": f"{BUNDLED}/val.de.gz"}),
     Variant("bpe_dropout", {"data.subword_dropout": 0.1}),   # subword regularisation
     Variant("rdrop1", {"train.rdrop_alpha": 1.0,            # R-Drop at Guo et al.'s weight (their
                        "train.grad_accum_steps": 2}),       # 0.5 KL of two passes), 2 micro-batches

@@ -10,7 +10,9 @@
 # reproduction's seed 0 (same config, same seed: copied from its record), and `steps16k` seed 0 is
 # that run continued from its step-8,000 checkpoint (the inverse square root schedule has no end,
 # so training to 8,000 and on to 16,000 is the same run as training to 16,000; the grid continues a
-# run whose stored train.steps is below the planned ones).
+# run whose stored train.steps is below the planned ones). The levers' `distilled` trains on the
+# training sources' translations by the reproduction's three seeds ensembled (each the mean of its
+# last 10 checkpoints, the config's search), made here once.
 set -euo pipefail
 test_dir=${1:?"pass the folder of Multi30k's test sets (test_2016_flickr.en.gz, ...; see docs/experiments.md)"}
 root=runs/experiments
@@ -28,6 +30,15 @@ if [[ ! -e $longer && -e $root/multi30k_wu_tiny/wu_tiny/seed0/checkpoints/8000 ]
   mkdir -p "$(dirname "$longer")"
   cp -r $root/multi30k_wu_tiny/wu_tiny/seed0 "$longer"
   rm -rf "$longer/eval" "$longer/eval.log"
+fi
+teacher=$root/multi30k_levers/teacher
+if [[ ! -s $teacher/train.de ]]; then
+  seeds=$root/multi30k_wu_tiny/wu_tiny
+  mkdir -p "$teacher"
+  transformer-translate --workdir=$seeds/seed0 --ensemble=$seeds/seed1,$seeds/seed2 \
+    --average_last=10 --input_file=transformer/data/multi30k/train.en.gz \
+    --output_file="$teacher/train.de.partial" --progress=lines
+  mv "$teacher/train.de.partial" "$teacher/train.de"
 fi
 transformer-experiment experiments/recipes/multi30k_levers.py --base=configs/multi30k_tiny.py \
   --seeds=1 --root=$root/multi30k_levers --record=experiments/results/multi30k_levers "${@:2}"
