@@ -275,7 +275,8 @@ def test_the_programs_write_nbest_lists_scores_samples_and_ensemble_reports(trai
   source = tmp_path / "in.en"
   source.write_text("A dog runs on the beach.\nTwo men play football.\n")
   out = run_cli("transformer.evaluation.translate", f"--workdir={workdir}", f"--input_file={source}",
-                f"--output_file={tmp_path / 'out.de'}", "--beam_size=3", "--nbest=2")
+                f"--output_file={tmp_path / 'out.de'}", "--beam_size=3", "--nbest=2",
+                "--min_len=1")  # no empty translation: each is scored below as a target
   assert out.returncode == 0, out.stderr[-3000:]
   best = (tmp_path / "out.de").read_text().splitlines()
   lists = [json.loads(line) for line in (tmp_path / "out.de.nbest.jsonl").read_text().splitlines()]
@@ -330,6 +331,9 @@ def test_the_programs_write_nbest_lists_scores_samples_and_ensemble_reports(trai
   report = json.loads((workdir / "eval" / "validation_step6_ens2_beam2_nbest2_ema.json").read_text())
   raw = json.loads((workdir / "eval" / "validation_step6_ens2_beam2_nbest2.json").read_text())
   assert report["ema"] and not raw["ema"]
+  score = report["sacrebleu"]  # how long the translations are, beside the score
+  assert (f"length {score['hyp_len'] / score['ref_len']:.3f} of the references' (sacreBLEU's "
+          f"tokens; brevity penalty {score['brevity_penalty']:.3f})") in out.stdout
   assert f"without the moving average (the checkpoint's own parameters): sacreBLEU " \
          f"{raw['sacrebleu']['bleu']:.2f}" in out.stdout
   single = evaluate(str(workdir), beam_size=2)  # the same model twice decodes as the model

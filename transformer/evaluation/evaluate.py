@@ -227,6 +227,8 @@ def print_report(report: dict[str, Any]) -> None:
         f"{' (moving average of the parameters)' if report['ema'] else ''}"
         f"{f', ensemble of {members} runs' if members else ''}: "
         f"sacreBLEU {score['bleu']:.2f}  {score['signature']}")
+  print(f"  length {score['hyp_len'] / score['ref_len']:.3f} of the references' (sacreBLEU's "
+        f"tokens; brevity penalty {score['brevity_penalty']:.3f})")
   print(f"  chrF {report['chrf']['chrf']:.2f}  {report['chrf']['signature']}")
   paper = report["tokenized_bleu"]
   print(f"  tokenized BLEU (the paper's: {paper['tokenizer']}, {paper['case']}, multi-bleu) "
