@@ -1153,3 +1153,17 @@ def test_early_stop_reads_a_runs_validations(tmp_path):
   assert row["validations"] == 8 and row["every (steps)"] == "63" and row["loss"] == "loss"
   # Step 252 now holds 5.0: the best is 2.6 at step 315 (k = 5), then 378, 441, 504 do not beat it.
   assert row["best"] == "2.6000 at step 315" and row["stop (patience 3)"] == "step 504"
+
+
+def test_split_lengths_counts_the_literatures_tokens_of_each_side(tmp_path):
+  from experiments.analyses.split_lengths import split_lengths
+  (tmp_path / "a.en").write_text("A man rides a bike.\nTwo dogs play.\n")
+  (tmp_path / "a.de").write_text("Ein Mann fährt Rad.\nZwei Hunde spielen im Schnee.\n")
+  (tmp_path / "b.de").write_text("Ein Mann.\n")
+  [row] = split_lengths({"a": (str(tmp_path / "a.en"), str(tmp_path / "a.de"))}, "en", "de")
+  # by hand: "a man rides a bike ." + "two dogs play ." = 6 + 4; "ein mann fährt rad ." +
+  # "zwei hunde spielen im schnee ." = 5 + 6 (the final full stop split off, as Moses does)
+  assert (row["sentences"], row["source_tokens"], row["target_tokens"]) == (2, 10, 11)
+  assert row["ratio"] == pytest.approx(1.1)
+  with pytest.raises(sources.DataError, match="has 2 lines but .*b.de has 1: pass aligned files"):
+    split_lengths({"b": (str(tmp_path / "a.en"), str(tmp_path / "b.de"))}, "en", "de")
