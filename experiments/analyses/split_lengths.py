@@ -6,9 +6,9 @@
 For the bundled training and validation splits and, with --test_dir, the official test sets (the
 release's raw files, test_sets.held_out): the sentences, both sides' tokens as the literature's BLEU
 counts them (bleu.multi30k_tokenize: lowercased, normalised, Moses-tokenised) and the target tokens a
-source token. A model learns the training split's ratio; on a split whose references are longer for
-their sources it translates short of them (a brevity penalty), on one whose references are shorter
-it does not, so a search or lever that lengthens translations gains on the first and not the second.
+source token. Where a split's references are longer for their sources than another's, the same
+model's translations fall shorter of them (a brevity penalty), and a search or lever that only
+lengthens translations gains there and not on the other split.
 """
 
 from __future__ import annotations
