@@ -1112,6 +1112,10 @@ def test_a_grid_chooses_on_the_validation_set_only_and_names_its_choice():
     row["dev_ema_without_bp"] = 33.0 if learned else 33.5
   line = results.chosen(rows, grid)
   assert "**base**, BLEU 32.00 over 3 seed(s)" in line
+  table = results.markdown_table(rows, grid).splitlines()  # the table shows what it weighed
+  header = [c.strip() for c in table[0].strip("|").split("|")]
+  assert [[c.strip() for c in line.strip("|").split("|")][header.index("BLEU without BP (dev)")]
+          for line in table[2:]] == ["33.50 ± 0.00", "33.00 ± 0.00"]
   assert line.endswith("by length alone (their BLEU without the brevity penalty is not above "
                        "base's 33.50), so not chosen: E-learned (40.00; 33.00).")
   for row in rows:

@@ -275,6 +275,10 @@ def format_p_values(values: Sequence[float | None]) -> str:
 def markdown_table(rows: list[dict[str, Any]], grid: Grid) -> str:
   """Rows = variants, Table 3's columns; hyper-parameters equal to the first variant's left blank."""
   metrics = metric_columns(grid.test_sets, rows)
+  if grid.select_on:  # what a choosing grid weighs beside the BLEU it chooses on (chosen())
+    ema = any(r.get(f"{grid.select_on}_ema_without_bp") is not None for r in rows)
+    metrics[f"BLEU without BP ({grid.select_on})"] = (f"{grid.select_on}_ema_without_bp" if ema
+                                                      else f"{grid.select_on}_without_bp")
   tested = [name for name in ["dev", *grid.test_sets] if any(f"{name}_p" in r for r in rows)]
   first = grid.variants[0].name
   compared = [h for name in tested for h in (f"Δ vs {first} ({name})", f"p vs {first} ({name})")]
