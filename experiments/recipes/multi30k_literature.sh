@@ -31,14 +31,14 @@ if [[ ! -e $longer && -e $root/multi30k_wu_tiny/wu_tiny/seed0/checkpoints/8000 ]
   cp -r $root/multi30k_wu_tiny/wu_tiny/seed0 "$longer"
   rm -rf "$longer/eval" "$longer/eval.log"
 fi
-teacher=$root/multi30k_levers/teacher
-if [[ ! -s $teacher/train.de ]]; then
+targets=$(python -c 'from experiments.recipes.multi30k_levers import TEACHER_TARGETS as t; print(t)')
+if [[ ! -s $targets ]]; then
   seeds=$root/multi30k_wu_tiny/wu_tiny
-  mkdir -p "$teacher"
+  mkdir -p "$(dirname "$targets")"
   transformer-translate --workdir=$seeds/seed0 --ensemble=$seeds/seed1,$seeds/seed2 \
     --average_last=10 --input_file=transformer/data/multi30k/train.en.gz \
-    --output_file="$teacher/train.de.partial" --progress=lines
-  mv "$teacher/train.de.partial" "$teacher/train.de"
+    --output_file="$targets.partial" --progress=lines
+  mv "$targets.partial" "$targets"
 fi
 transformer-experiment experiments/recipes/multi30k_levers.py --base=configs/multi30k_tiny.py \
   --seeds=1 --root=$root/multi30k_levers --record=experiments/results/multi30k_levers "${@:2}"
