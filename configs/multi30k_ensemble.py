@@ -13,8 +13,8 @@ step of one beam search of 8 hypotheses (the paper's alpha 0.6) and translates e
 the hypothesis the other seven agree with most: minimum Bayes risk with sentence chrF as the
 utility (decode.mbr, transformer/decoding/mbr.py), which also lengthens the ensemble's short outputs
 (its gain on the test sets is MSCOCO's, whose references are long like the validation set's:
-docs/experiments.md). The seeds share their vocabulary (on Multi30k every seed trains it on all 29,000 pairs, so they come out
-identical). Chosen on validation, both pairs of seeds of both language pairs:
+docs/experiments.md). The seeds share their vocabulary (on Multi30k every seed trains it on all
+29,000 pairs, so they come out identical). Chosen on validation, both pairs of seeds of both language pairs:
 experiments/results/multi30k_test_sets/en-de/README.md. Float32 throughout, so it needs no bf16
 hardware; on a slower CPU (the Xeon VM trained the default in 36 minutes) two runs exceed the 40
 minutes.
