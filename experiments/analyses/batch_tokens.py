@@ -16,7 +16,6 @@ update, the share of positions that are real, and the epochs 8,000 updates make.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -94,12 +93,9 @@ def main(argv: list[str]) -> None:
   table = markdown(rows)
   print(table)
   if FLAGS.record:
-    folder = Path(FLAGS.record)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "results.md").write_text(table + "\n")
-    records.record([folder / "results.md"], folder, "Real tokens an update: length buckets against "
-                   "fairseq's --max-tokens", time.time() - started,
-                   ["python", "-m", "experiments.analyses.batch_tokens", *sys.argv[1:]])
+    records.record_table(table, FLAGS.record, "Real tokens an update: length buckets against "
+                         "fairseq's --max-tokens", time.time() - started,
+                         "experiments.analyses.batch_tokens")
 
 
 def run() -> None:

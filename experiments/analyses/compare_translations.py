@@ -19,9 +19,7 @@ data.pretokenize='multi30k'), sacreBLEU is scored uncased, as transformer-eval s
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 from absl import app, flags
 from sacrebleu.metrics import BLEU
@@ -89,12 +87,8 @@ def main(argv: list[str]) -> None:
                  f"{row['lc_tok_without_bp']:.2f} |".replace("nan", "–"))
   print("\n".join(lines))
   if FLAGS.record:
-    folder = Path(FLAGS.record)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "results.md").write_text("\n".join(lines) + "\n")
-    records.record([folder / "results.md"], folder, "Translations compared: BLEU and the paired "
-                   "bootstrap", time.time() - started,
-                   ["python", "-m", "experiments.analyses.compare_translations", *sys.argv[1:]])
+    records.record_table("\n".join(lines), FLAGS.record, "Translations compared: BLEU and the paired "
+                         "bootstrap", time.time() - started, "experiments.analyses.compare_translations")
 
 
 if __name__ == "__main__":

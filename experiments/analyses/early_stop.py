@@ -15,7 +15,6 @@ validations, the best and its step, and the stop's step (or that the rule never 
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -59,12 +58,8 @@ def main(argv: list[str]) -> None:
   table = markdown([one_run(Path(workdir), FLAGS.patience) for workdir in argv[1:]])
   print(table)
   if FLAGS.record:
-    folder = Path(FLAGS.record)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "results.md").write_text(table + "\n")
-    records.record([folder / "results.md"], folder, "Where fairseq's early stop would end the runs",
-                   time.time() - started,
-                   ["python", "-m", "experiments.analyses.early_stop", *sys.argv[1:]])
+    records.record_table(table, FLAGS.record, "Where fairseq's early stop would end the runs",
+                         time.time() - started, "experiments.analyses.early_stop")
 
 
 def run() -> None:

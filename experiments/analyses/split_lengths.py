@@ -13,9 +13,7 @@ lengthens translations gains there and not on the other split.
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 from absl import flags
 
@@ -24,11 +22,6 @@ from transformer.data import sources
 from transformer.evaluation import bleu
 from transformer.sweeps import records, test_sets
 
-flags.DEFINE_string("test_dir", None, "Folder of the official test sets (test_2016_flickr.en.gz, ...).")
-flags.DEFINE_string("src", "en", "Source language.")
-flags.DEFINE_string("tgt", "de", "Target language.")
-flags.DEFINE_string("record", None, "Also write the table as results.md in this record folder, "
-                    "with its README (command, machine, versions, commit, date).")
 FLAGS = flags.FLAGS
 
 
@@ -66,13 +59,19 @@ def main(argv: list[str]) -> None:
             f"| {r['ratio']:.3f} |" for r in rows]
   print("\n".join(lines))
   if FLAGS.record:
-    folder = Path(FLAGS.record)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "results.md").write_text("\n".join(lines) + "\n")
-    records.record([folder / "results.md"], folder, "Multi30k: each split's target length for its "
-                   "source", time.time() - started,
-                   ["python", "-m", "experiments.analyses.split_lengths", *sys.argv[1:]])
+    records.record_table("\n".join(lines), FLAGS.record, "Multi30k: each split's target length for "
+                         "its source", time.time() - started, "experiments.analyses.split_lengths")
+
+
+def run() -> None:
+  """The flags are defined here, not on import, so the module's functions import anywhere."""
+  flags.DEFINE_string("test_dir", None, "Folder of the official test sets (test_2016_flickr.en.gz, ...).")
+  flags.DEFINE_string("src", "en", "Source language.")
+  flags.DEFINE_string("tgt", "de", "Target language.")
+  flags.DEFINE_string("record", None, "Also write the table as results.md in this record folder, "
+                      "with its README (command, machine, versions, commit, date).")
+  run_program("experiments.analyses.split_lengths", main, compilation_cache=False)
 
 
 if __name__ == "__main__":
-  run_program("experiments.analyses.split_lengths", main, compilation_cache=False)
+  run()

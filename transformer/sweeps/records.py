@@ -78,3 +78,12 @@ def record(files: Sequence[Path], folder: Path, title: str, wall_seconds: float,
             "Files: " + ", ".join(f"`{name}`" for name in sorted(copied)), ""]
   (folder / "README.md").write_text("\n".join(readme) + _notes(folder / "README.md"))
   log.info("Recorded %d files in %s", len(copied), folder)
+
+
+def record_table(table: str, folder: str | Path, title: str, wall_seconds: float, module: str) -> None:
+  """An analysis's markdown table as `folder`/results.md, with the README that says how `python -m
+  module` (this process's arguments) made it."""
+  folder = Path(folder)
+  folder.mkdir(parents=True, exist_ok=True)
+  (folder / "results.md").write_text(table.rstrip("\n") + "\n")
+  record([folder / "results.md"], folder, title, wall_seconds, ["python", "-m", module, *sys.argv[1:]])
