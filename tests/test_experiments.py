@@ -1171,3 +1171,14 @@ def test_split_lengths_counts_the_literatures_tokens_of_each_side(tmp_path):
   assert row["ratio"] == pytest.approx(1.1)
   with pytest.raises(sources.DataError, match="has 2 lines but .*b.de has 1: pass aligned files"):
     split_lengths({"b": (str(tmp_path / "a.en"), str(tmp_path / "b.de"))}, "en", "de")
+
+
+def test_every_analysis_and_recipe_module_imports_beside_the_others():
+  """Their flags are defined when they run, not on import, so their functions import together
+  (two modules' --workdir or --config defined on import would collide in one process)."""
+  code = ("import importlib, pkgutil, experiments.analyses as a, experiments.recipes as r\n"
+          "for package in (a, r):\n"
+          "  for module in pkgutil.iter_modules(package.__path__):\n"
+          "    importlib.import_module(f'{package.__name__}.{module.name}')\n")
+  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+  assert out.returncode == 0, out.stderr[-2000:]

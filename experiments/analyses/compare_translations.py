@@ -29,10 +29,6 @@ from transformer.data import sources
 from transformer.evaluation import bleu
 from transformer.sweeps import records, significance
 
-flags.DEFINE_string("references", None, "Reference translations, one per line (.gz or plain).")
-flags.DEFINE_string("lang", None, "Target language (de, fr, en): the Moses rules of the lowercased score.")
-flags.DEFINE_string("record", None, "Also write the table as results.md in this record folder, "
-                    "with its README (command, machine, versions, commit, date).")
 FLAGS = flags.FLAGS
 
 
@@ -91,6 +87,15 @@ def main(argv: list[str]) -> None:
                          "bootstrap", time.time() - started, "experiments.analyses.compare_translations")
 
 
-if __name__ == "__main__":
+def run() -> None:
+  """The flags are defined here, not on import, so the module's functions import anywhere."""
+  flags.DEFINE_string("references", None, "Reference translations, one per line (.gz or plain).")
+  flags.DEFINE_string("lang", None, "Target language (de, fr, en): the Moses rules of the lowercased score.")
+  flags.DEFINE_string("record", None, "Also write the table as results.md in this record folder, "
+                      "with its README (command, machine, versions, commit, date).")
   run_program("experiments.analyses.compare_translations", main, takes_arguments=True,
               compilation_cache=False)
+
+
+if __name__ == "__main__":
+  run()

@@ -34,11 +34,6 @@ from transformer.decoding import translator
 from transformer.model.transformer import ModelConfig, Transformer, initial_params
 from transformer.training.workdir import load_run
 
-config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Run config to profile.")
-flags.DEFINE_integer("beam_size", 4, "Beam size (1 = greedy).")
-flags.DEFINE_string("workdir", None, "Profile this trained run (its moving average, validation "
-                    "sentences, its search settings) instead of --config's synthetic workload.")
-flags.DEFINE_integer("top", 20, "Also list this many single operations with the most time.")
 FLAGS = flags.FLAGS
 
 PARTS = (  # (part, substrings of the JAX op name), first match wins
@@ -115,5 +110,15 @@ def main(argv: list[str]) -> None:
   print_breakdown(per_op, part, "search", FLAGS.top)
 
 
-if __name__ == "__main__":
+def run() -> None:
+  """The flags are defined here, not on import, so the module's functions import anywhere."""
+  config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Run config to profile.")
+  flags.DEFINE_integer("beam_size", 4, "Beam size (1 = greedy).")
+  flags.DEFINE_string("workdir", None, "Profile this trained run (its moving average, validation "
+                      "sentences, its search settings) instead of --config's synthetic workload.")
+  flags.DEFINE_integer("top", 20, "Also list this many single operations with the most time.")
   run_program("experiments.analyses.decode_profile", main)
+
+
+if __name__ == "__main__":
+  run()

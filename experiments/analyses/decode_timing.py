@@ -22,10 +22,6 @@ from transformer.decoding import translator
 from transformer.training import workdir as runs
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "The training run whose moving average translates.", required=True)
-flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's; 1 = greedy).")
-flags.DEFINE_integer("repeats", 3, "Timed translations of the validation set.")
-flags.DEFINE_integer("cpu_devices", 2, "JAX devices the CPU is split into (transformer-eval's flag).")
 
 
 def main(argv: list[str]) -> None:
@@ -44,5 +40,14 @@ def main(argv: list[str]) -> None:
   print(f"{' / '.join(f'{r:.0f}' for r in rates)} sentences/s; translations {digest}")
 
 
-if __name__ == "__main__":
+def run() -> None:
+  """The flags are defined here, not on import, so the module's functions import anywhere."""
+  flags.DEFINE_string("workdir", None, "The training run whose moving average translates.", required=True)
+  flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's; 1 = greedy).")
+  flags.DEFINE_integer("repeats", 3, "Timed translations of the validation set.")
+  flags.DEFINE_integer("cpu_devices", 2, "JAX devices the CPU is split into (transformer-eval's flag).")
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -30,12 +30,6 @@ from transformer.evaluation.evaluate import evaluate, report_path
 from transformer.metrics import read_metrics, training_clock
 from transformer.training import checkpoints
 
-flags.DEFINE_string("output_dir", "experiments/results/default_multi30k", "Where the table and "
-                    "the figure go.")
-flags.DEFINE_list("minutes", ["10", "20", "30", "40"], "Training times to read the curve at.")
-flags.DEFINE_float("clock_scale", 1.0, "Multiply every run's minutes by this before reading the curve: "
-                   "puts runs timed on a faster machine on the clock of the slower one the peer's points "
-                   "were timed on (their ratio of times for the same run, e.g. 1.70).")
 FLAGS = flags.FLAGS
 
 # The peer from issue 18: an established PyTorch toolkit, same data, model size and machine.
@@ -136,5 +130,16 @@ def main(argv: list[str]) -> None:
   print(f"wrote {out / 'quality_per_minute.md'} and {out / 'quality_per_minute.png'}")
 
 
-if __name__ == "__main__":
+def run() -> None:
+  """The flags are defined here, not on import, so the module's functions import anywhere."""
+  flags.DEFINE_string("output_dir", "experiments/results/default_multi30k", "Where the table and "
+                      "the figure go.")
+  flags.DEFINE_list("minutes", ["10", "20", "30", "40"], "Training times to read the curve at.")
+  flags.DEFINE_float("clock_scale", 1.0, "Multiply every run's minutes by this before reading the curve: "
+                     "puts runs timed on a faster machine on the clock of the slower one the peer's points "
+                     "were timed on (their ratio of times for the same run, e.g. 1.70).")
   run_program("experiments.analyses.quality_per_minute", main, takes_arguments=True)
+
+
+if __name__ == "__main__":
+  run()

@@ -22,10 +22,6 @@ from transformer.decoding import translator
 from transformer.evaluation import bleu
 from transformer.training.workdir import load_run
 
-flags.DEFINE_string("workdir", None, "Training workdir.")
-flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
-flags.DEFINE_list("alphas", ["0", "0.6", "1.0", "1.5"], "Length penalties to try with beam 4.")
-flags.DEFINE_string("output", None, "Also write the tables to this markdown file.")
 FLAGS = flags.FLAGS
 
 
@@ -92,5 +88,14 @@ def main(argv: list[str]) -> None:
     Path(FLAGS.output).write_text(report)
 
 
-if __name__ == "__main__":
+def run() -> None:
+  """The flags are defined here, not on import, so the module's functions import anywhere."""
+  flags.DEFINE_string("workdir", None, "Training workdir.")
+  flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+  flags.DEFINE_list("alphas", ["0", "0.6", "1.0", "1.5"], "Length penalties to try with beam 4.")
+  flags.DEFINE_string("output", None, "Also write the tables to this markdown file.")
   run_program("experiments.analyses.short_outputs", main)
+
+
+if __name__ == "__main__":
+  run()

@@ -52,19 +52,6 @@ from transformer.config import validate
 from transformer.model.transformer import ModelConfig, Transformer
 from transformer.training.step import dropout_key, jit_train_fns
 
-config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Run config to profile.")
-flags.DEFINE_integer("rows", 128, "Sentences per batch.")
-flags.DEFINE_integer("seq_len", 16, "Tokens per sentence (source and target).")
-flags.DEFINE_integer("steps", 8, "Timed steps.")
-flags.DEFINE_string("trace_dir", None, "Keep the profiled steps' trace in this directory (for "
-                    "TensorBoard or Perfetto; default: a temporary directory, removed).")
-flags.DEFINE_string("read_trace", None, "Instead of profiling, read again a trace kept with "
-                    "--trace_dir (its trace and train_step.hlo.txt; e.g. one taken on a GPU).")
-flags.DEFINE_integer("top", 15, "Also list this many single operations with the most time.")
-flags.DEFINE_list("versus", [], "KEY=VALUE config overrides: instead of profiling, time the config's "
-                  "step and the overridden config's step alternately in one process (--rounds of 3 "
-                  "steps each) and print both and their ratio.")
-flags.DEFINE_integer("rounds", 8, "With --versus: alternating rounds.")
 FLAGS = flags.FLAGS
 HLO_FILE = "train_step.hlo.txt"  # the compiled program, kept beside a --trace_dir trace
 
@@ -205,5 +192,23 @@ def main(argv: list[str]) -> None:
   print_breakdown(op_times(ops, 3), category, "step", FLAGS.top)
 
 
-if __name__ == "__main__":
+def run() -> None:
+  """The flags are defined here, not on import, so the module's functions import anywhere."""
+  config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Run config to profile.")
+  flags.DEFINE_integer("rows", 128, "Sentences per batch.")
+  flags.DEFINE_integer("seq_len", 16, "Tokens per sentence (source and target).")
+  flags.DEFINE_integer("steps", 8, "Timed steps.")
+  flags.DEFINE_string("trace_dir", None, "Keep the profiled steps' trace in this directory (for "
+                      "TensorBoard or Perfetto; default: a temporary directory, removed).")
+  flags.DEFINE_string("read_trace", None, "Instead of profiling, read again a trace kept with "
+                      "--trace_dir (its trace and train_step.hlo.txt; e.g. one taken on a GPU).")
+  flags.DEFINE_integer("top", 15, "Also list this many single operations with the most time.")
+  flags.DEFINE_list("versus", [], "KEY=VALUE config overrides: instead of profiling, time the config's "
+                    "step and the overridden config's step alternately in one process (--rounds of 3 "
+                    "steps each) and print both and their ratio.")
+  flags.DEFINE_integer("rounds", 8, "With --versus: alternating rounds.")
   run_program("experiments.analyses.step_profile", main)
+
+
+if __name__ == "__main__":
+  run()

@@ -73,31 +73,6 @@ from transformer.training.workdir import load_run  # noqa: E402
 from transformer.version import commit  # noqa: E402
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", "configs/multi30k.py", "The model and data to use.")
-flags.DEFINE_enum("workload", "synthetic", ["synthetic", "validation", "trained"],
-                  "What to decode.")
-flags.DEFINE_string("workdir", None, "--workload=trained: the training run to translate with.")
-flags.DEFINE_integer("repeats", 2, "Runs of each engine, alternating.")
-flags.DEFINE_list("ct2_layouts", ["1x2"], "CTranslate2's threads as INTERxINTRA: inter_threads "
-                  "workers (batches translated at once) of intra_threads threads each; 2x1 = a "
-                  "worker per core. Several are timed side by side.")
-flags.DEFINE_integer("cpu_devices", 0, "Ours: JAX devices the CPU is split into, each decoding "
-                     "its own share of the sentences (transformer-eval's --cpu_devices; 0 = one per "
-                     "core).")
-flags.DEFINE_integer("ct2_batch_tokens", 8192, "CTranslate2's max_batch_size in tokens.")
-flags.DEFINE_integer("tokens_per_batch", None, "Ours: source tokens per batch (default: the "
-                     "config's decode.tokens_per_batch).")
-flags.DEFINE_list("compute_types", ["float32", "int8"], "CTranslate2 compute types to time.")
-flags.DEFINE_list("beams", ["4", "1"], "Beam sizes (1 = greedy).")
-flags.DEFINE_list("matmul_dtypes", ["float32", "bfloat16"], "Our decode.matmul_dtype values to "
-                  "time; ratios are to the first.")
-flags.DEFINE_float("alpha", 0.0, "--workload=trained: the length-penalty exponent of every "
-                   "engine's beam search (ours: GNMT's ((5 + n) / 6)^alpha, CTranslate2's and "
-                   "Transformers' n^alpha; 0 = none, where all find the same hypotheses).")
-flags.DEFINE_bool("huggingface", False, "--workload=trained: time Hugging Face Transformers' "
-                  "MarianMTModel too, on the run exported with --format=huggingface.")
-flags.DEFINE_integer("hf_batch_sentences", 32, "Transformers: sentences per generate() call.")
-flags.DEFINE_string("output", None, "Write the figures as JSON here too.")
 
 
 def ours(model, params, src, lengths, beam, max_len, matmul_dtype):
@@ -357,5 +332,35 @@ def main(argv):
     Path(FLAGS.output).write_text(json.dumps(result, indent=2) + "\n")
 
 
-if __name__ == "__main__":
+def run() -> None:
+  """The flags are defined here, not on import, so the module's functions import anywhere."""
+  config_flags.DEFINE_config_file("config", "configs/multi30k.py", "The model and data to use.")
+  flags.DEFINE_enum("workload", "synthetic", ["synthetic", "validation", "trained"],
+                    "What to decode.")
+  flags.DEFINE_string("workdir", None, "--workload=trained: the training run to translate with.")
+  flags.DEFINE_integer("repeats", 2, "Runs of each engine, alternating.")
+  flags.DEFINE_list("ct2_layouts", ["1x2"], "CTranslate2's threads as INTERxINTRA: inter_threads "
+                    "workers (batches translated at once) of intra_threads threads each; 2x1 = a "
+                    "worker per core. Several are timed side by side.")
+  flags.DEFINE_integer("cpu_devices", 0, "Ours: JAX devices the CPU is split into, each decoding "
+                       "its own share of the sentences (transformer-eval's --cpu_devices; 0 = one per "
+                       "core).")
+  flags.DEFINE_integer("ct2_batch_tokens", 8192, "CTranslate2's max_batch_size in tokens.")
+  flags.DEFINE_integer("tokens_per_batch", None, "Ours: source tokens per batch (default: the "
+                       "config's decode.tokens_per_batch).")
+  flags.DEFINE_list("compute_types", ["float32", "int8"], "CTranslate2 compute types to time.")
+  flags.DEFINE_list("beams", ["4", "1"], "Beam sizes (1 = greedy).")
+  flags.DEFINE_list("matmul_dtypes", ["float32", "bfloat16"], "Our decode.matmul_dtype values to "
+                    "time; ratios are to the first.")
+  flags.DEFINE_float("alpha", 0.0, "--workload=trained: the length-penalty exponent of every "
+                     "engine's beam search (ours: GNMT's ((5 + n) / 6)^alpha, CTranslate2's and "
+                     "Transformers' n^alpha; 0 = none, where all find the same hypotheses).")
+  flags.DEFINE_bool("huggingface", False, "--workload=trained: time Hugging Face Transformers' "
+                    "MarianMTModel too, on the run exported with --format=huggingface.")
+  flags.DEFINE_integer("hf_batch_sentences", 32, "Transformers: sentences per generate() call.")
+  flags.DEFINE_string("output", None, "Write the figures as JSON here too.")
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

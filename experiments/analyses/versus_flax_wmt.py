@@ -37,13 +37,6 @@ from transformer.cli import run_program
 from transformer.model.transformer import ModelConfig, Transformer
 from transformer.training.step import dropout_key, jit_train_fns
 
-flags.DEFINE_string("flax_wmt_dir", None, "A checkout's examples/wmt directory (google/flax).")
-config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Our config: the model's shape "
-                                "and recipe.")
-flags.DEFINE_integer("rows", 64, "Sentences per batch.")
-flags.DEFINE_integer("seq_len", 32, "Tokens per sentence (source and target).")
-flags.DEFINE_integer("rounds", 5, "Alternating rounds of timed steps.")
-flags.DEFINE_integer("steps_per_round", 4, "Timed steps of each per round.")
 FLAGS = flags.FLAGS
 
 VOCAB = 8000
@@ -141,5 +134,17 @@ def main(argv: list[str]) -> None:
                      for k, t in times.items()}}, indent=1))
 
 
-if __name__ == "__main__":
+def run() -> None:
+  """The flags are defined here, not on import, so the module's functions import anywhere."""
+  config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Our config: the model's shape "
+                                  "and recipe.")
+  flags.DEFINE_string("flax_wmt_dir", None, "A checkout's examples/wmt directory (google/flax).")
+  flags.DEFINE_integer("rows", 64, "Sentences per batch.")
+  flags.DEFINE_integer("seq_len", 32, "Tokens per sentence (source and target).")
+  flags.DEFINE_integer("rounds", 5, "Alternating rounds of timed steps.")
+  flags.DEFINE_integer("steps_per_round", 4, "Timed steps of each per round.")
   run_program("experiments.analyses.versus_flax_wmt", main)
+
+
+if __name__ == "__main__":
+  run()
