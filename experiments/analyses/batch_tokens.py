@@ -106,8 +106,7 @@ def run() -> None:
   flags.DEFINE_integer("gpus", 2, "GPUs an update in fairseq (one batch each).", lower_bound=1)
   flags.DEFINE_integer("multiple", 8, "fairseq's --required-batch-size-multiple.", lower_bound=1)
   flags.DEFINE_integer("updates", 8000, "Updates of the run, for the epochs they make.", lower_bound=1)
-  flags.DEFINE_string("record", None, "Also write the table as results.md in this record folder, "
-                      "with its README (command, machine, versions, commit, date).")
+  records.define_record_flag()
   run_program("batch_tokens", main)
 
 

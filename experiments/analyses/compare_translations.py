@@ -91,8 +91,7 @@ def run() -> None:
   """The flags are defined here, not on import, so the module's functions import anywhere."""
   flags.DEFINE_string("references", None, "Reference translations, one per line (.gz or plain).")
   flags.DEFINE_string("lang", None, "Target language (de, fr, en): the Moses rules of the lowercased score.")
-  flags.DEFINE_string("record", None, "Also write the table as results.md in this record folder, "
-                      "with its README (command, machine, versions, commit, date).")
+  records.define_record_flag()
   run_program("experiments.analyses.compare_translations", main, takes_arguments=True,
               compilation_cache=False)
 

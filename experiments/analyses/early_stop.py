@@ -66,8 +66,7 @@ def run() -> None:
   """The flags are defined here, not on import, so the module's functions import anywhere."""
   flags.DEFINE_integer("patience", 10, "fairseq's --patience: validations without a new best.",
                        lower_bound=1)
-  flags.DEFINE_string("record", None, "Also write the table as results.md in this record folder, "
-                      "with its README (command, machine, versions, commit, date).")
+  records.define_record_flag()
   run_program("early_stop", main, takes_arguments=True, compilation_cache=False)
 
 

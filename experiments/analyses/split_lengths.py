@@ -68,8 +68,7 @@ def run() -> None:
   flags.DEFINE_string("test_dir", None, "Folder of the official test sets (test_2016_flickr.en.gz, ...).")
   flags.DEFINE_string("src", "en", "Source language.")
   flags.DEFINE_string("tgt", "de", "Target language.")
-  flags.DEFINE_string("record", None, "Also write the table as results.md in this record folder, "
-                      "with its README (command, machine, versions, commit, date).")
+  records.define_record_flag()
   run_program("experiments.analyses.split_lengths", main, compilation_cache=False)
 
 

@@ -18,6 +18,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from absl import flags
+
 from transformer import version
 from transformer.hardware import cpu_id
 
@@ -78,6 +80,12 @@ def record(files: Sequence[Path], folder: Path, title: str, wall_seconds: float,
             "Files: " + ", ".join(f"`{name}`" for name in sorted(copied)), ""]
   (folder / "README.md").write_text("\n".join(readme) + _notes(folder / "README.md"))
   log.info("Recorded %d files in %s", len(copied), folder)
+
+
+def define_record_flag() -> None:
+  """An analysis's --record flag: the folder record_table writes."""
+  flags.DEFINE_string("record", None, "Also write the table as results.md in this record folder, "
+                      "with its README (command, machine, versions, commit, date).")
 
 
 def record_table(table: str, folder: str | Path, title: str, wall_seconds: float, module: str) -> None:
