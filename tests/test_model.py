@@ -276,3 +276,24 @@ def test_attention_with_unequal_key_and_value_widths_matches_numpy(rng):
   weights /= weights.sum(-1, keepdims=True)
   expected = np.einsum("bhts,bshv->bthv", weights, v)
   np.testing.assert_allclose(dot_product_attention(q, k, v, None), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_fairseqs_query_key_value_gain_scales_those_initial_weights_alone():
+  """model.qkv_init_gain: the same draws as Glorot-uniform (gain 1, the default, unchanged),
+  scaled by the gain in the query, key and value projections and nowhere else; every weight
+  within the scaled bound gain * sqrt(6 / (fan_in + fan_out))."""
+  plain = init_params(Transformer(tiny_model_config()))
+  gain = 2 ** -0.5
+  scaled = init_params(Transformer(tiny_model_config(qkv_init_gain=gain)))
+  flat_plain = dict(jax.tree_util.tree_leaves_with_path(plain))
+  projections = 0
+  for path, weight in jax.tree_util.tree_leaves_with_path(scaled):
+    names = [str(getattr(p, "key", p)) for p in path]
+    if names[-1] == "kernel" and names[-2] in ("query", "key", "value"):
+      projections += 1
+      np.testing.assert_allclose(weight, flat_plain[path] * gain, rtol=1e-6)
+      d_model, heads, depth = weight.shape
+      assert np.abs(weight).max() <= gain * math.sqrt(6 / (d_model + heads * depth))
+    else:
+      np.testing.assert_array_equal(weight, flat_plain[path])
+  assert projections == 3 * (2 + 2 * 2)  # 2 encoder self-attentions, 2 x 2 decoder attentions

@@ -62,6 +62,8 @@ def _model_keys() -> ml_collections.ConfigDict:
                                     # final_logits_bias); the paper has none.
   model.decoder_start = "bos"       # the decoder's first input: 'bos' (ours) or 'pad' (Marian's).
   model.layer_norm_epsilon = 1e-6   # tensor2tensor's and the Flax example's; Marian's is 1e-5.
+  model.qkv_init_gain = 1.0         # the Glorot-uniform gain of the query, key and value projections'
+                                    # initial weights; fairseq (0.9 on) draws them at 1/sqrt(2).
   model.share_embeddings = True     # source, target and pre-softmax matrices are one.
   model.max_len = 256               # table size of learned positions; longest sequence trained.
   model.dtype = "float32"           # activation dtype; parameters, logits and loss stay float32.
@@ -249,6 +251,10 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
   if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon < 1:
     raise ConfigError(f"config.model.layer_norm_epsilon must be a number between 0 and 1 "
                       f"(the paper's models use 1e-6, Marian's 1e-5), got {epsilon!r}")
+  gain = cfg.model.qkv_init_gain
+  if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not gain > 0:
+    raise ConfigError(f"config.model.qkv_init_gain must be a positive number (1 = Glorot-uniform, "
+                      f"fairseq's is 0.7071), got {gain!r}")
   if not isinstance(cfg.model.output_bias, bool):
     raise ConfigError(f"config.model.output_bias must be True or False, got "
                       f"{cfg.model.output_bias!r}")

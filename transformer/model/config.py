@@ -51,6 +51,7 @@ class ModelConfig:
   output_bias: bool = False  # a learned per-word bias added to the logits
   decoder_start: str = "bos"  # the decoder's first input, a key of DECODER_STARTS
   layer_norm_epsilon: float = 1e-6  # added to the variance in every LayerNorm
+  qkv_init_gain: float = 1.0  # the query, key and value projections' Glorot-uniform gain at init
 
   @property
   def num_decoder_layers(self) -> int:

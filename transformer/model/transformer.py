@@ -72,6 +72,12 @@ _dense_init = nn.initializers.xavier_uniform()
 _zeros = nn.initializers.zeros_init()
 
 
+def _qkv_init(cfg: ModelConfig) -> Callable:
+  """Glorot-uniform scaled by cfg.qkv_init_gain (its variance by the square): fairseq's projections."""
+  gain = cfg.qkv_init_gain
+  return _dense_init if gain == 1 else nn.initializers.variance_scaling(gain ** 2, "fan_avg", "uniform")
+
+
 def constrain(x: jax.Array, *axes: str | None) -> jax.Array:
   """Pins an activation's layout by logical axis names (a no-op unless a mesh is set, and inside
   shard_map, where each device computes its own part: decoding's per-device loops)."""
@@ -104,7 +110,7 @@ class MultiHeadAttention(nn.Module):
     heads = cfg.num_heads
     project = lambda name, depth: nn.DenseGeneral(
         (heads, depth), dtype=cfg.dtype, name=name, dot_general=matmul(cfg),
-        kernel_init=_init(_dense_init, "embed", "heads", "kv"), bias_init=_init(_zeros, "heads", "kv"))
+        kernel_init=_init(_qkv_init(cfg), "embed", "heads", "kv"), bias_init=_init(_zeros, "heads", "kv"))
     query = project("query", cfg.key_dim)(inputs_q)
     key_proj, value_proj = project("key", cfg.key_dim), project("value", cfg.value_dim)
     if cache == "cross":
