@@ -351,7 +351,7 @@ def chosen(finished: list[dict[str, Any]], grid: Grid) -> str:
   first = grid.variants[0].name
   base_words = words.get(first)
   length_only = sorted(v for v in means if v != first and base_words and words[v]
-                       and means[v][0] > means.get(first, (float("-inf"),))[0]
+                       and means[v][0] > means[first][0]
                        and words[v][0] <= base_words[0])
   best = max((v for v in means if v not in length_only), key=lambda v: means[v][0])
   line = (f"Chosen on {name} (the validation set; the held-out test sets play no part): "
