@@ -14,6 +14,7 @@ import pytest
 from helpers import REPO, cli_overrides, run_cli, tiny_run_config
 from slurm_cluster import INSTALL, Cluster, missing
 
+from transformer import slurm
 from transformer.training.workdir import load_run
 
 pytestmark = pytest.mark.skipif(bool(missing()), reason=f"needs SLURM and munge, run as root "
@@ -75,34 +76,52 @@ def test_a_requeue_into_a_workdir_of_another_config_fails_once(cluster, tmp_path
   assert "Traceback" not in text and "requeueing" not in text
 
 
-def test_sbatch_options_the_config_cannot_use_are_refused_before_a_script_is_printed(tmp_path):
+REFUSED_SBATCH = [
+    ("--nodes=2 --gpus-per-node=3 --time=1:00:00",
+     "asks for 6 GPU(s) (2 node(s) x 3), which the config cannot use"),
+    ("--signal=B:TERM@60", "not B:, which signals the batch shell only"),
+    ("--no-requeue", "--no-requeue forbids the requeue"),
+    ("--gpus-per-node=8 --ntasks-per-node=3", "--ntasks-per-node=3 does not divide a node's 8 GPU(s)"),
+    ("-N 2", "is not a long sbatch option"),
+    ("--nodes=0", "--nodes=0 is not a positive whole number"),
+    ("--nodes=-3", "--nodes=-3 is not a positive whole number"),
+    ("--time=banana", "--time=banana is not a SLURM time limit"),
+    ('"--time=2', "cannot split '\"--time=2' into options (No closing quotation); close its quotes"),
+    ("--time=1", "--time=1 gives each start 60 s, less than the 120 s"),
+    ("--time=5 --signal=TERM@300", "leaving a start 0 s: it would be signalled while it starts up")]
+
+
+@pytest.mark.parametrize("sbatch,words", REFUSED_SBATCH)
+def test_sbatch_options_the_config_cannot_use_are_refused(sbatch, words, tmp_path):
   cfg = tiny_run_config(tmp_path)
-  for sbatch, words in [("--nodes=2 --gpus-per-node=3 --time=1:00:00",
-                         "asks for 6 GPU(s) (2 node(s) x 3), which the config cannot use"),
-                        ("--signal=B:TERM@60", "not B:, which signals the batch shell only"),
-                        ("--no-requeue", "--no-requeue forbids the requeue"),
-                        ("--gpus-per-node=8 --ntasks-per-node=3",
-                         "--ntasks-per-node=3 does not divide a node's 8 GPU(s)"),
-                        ("-N 2", "is not a long sbatch option"),
-                        ("--nodes=0", "--nodes=0 is not a positive whole number"),
-                        ("--nodes=-3", "--nodes=-3 is not a positive whole number"),
-                        ("--time=banana", "--time=banana is not a SLURM time limit"),
-                        ('"--time=2', "cannot split '\"--time=2' into options (No closing "
-                                      "quotation); close its quotes"),
-                        ("--time=1", "--time=1 gives each start 60 s, less than the 120 s"),
-                        ("--time=5 --signal=TERM@300", "leaving a start 0 s: it would be "
-                                                        "signalled while it starts up")]:
-    args = train_flags(cfg, tmp_path / "run", **{"mesh.data": 2, "mesh.fsdp": 2})
-    printed = run_cli("transformer.training.train", *args, "--print_sbatch", f"--sbatch={sbatch}")
-    assert printed.returncode == 2 and printed.stdout == "", (sbatch, printed.stderr)
-    assert words in printed.stderr and "Traceback" not in printed.stderr, printed.stderr
-  # A short limit gets a warning that fits it: a quarter of it, not the default 5 minutes.
-  for sbatch, signal in [("--time=2", "TERM@30"), ("--time=5", "TERM@75"),
-                         ("--time=1-0", "TERM@300"), ("--time=10 --signal=TERM@60", "TERM@60")]:
-    printed = run_cli("transformer.training.train", *train_flags(cfg, tmp_path / "run"),
-                      "--print_sbatch", f"--sbatch={sbatch}")
-    assert printed.returncode == 0, printed.stderr
-    assert f"#SBATCH --signal={signal}\n" in printed.stdout
+  cfg.mesh.data, cfg.mesh.fsdp = 2, 2
+  with pytest.raises(slurm.SbatchError) as refused:
+    slurm.train_script(cfg, ["transformer-train"], sbatch, str(tmp_path / "run"))
+  assert words in " ".join(str(refused.value).split())
+
+
+@pytest.mark.parametrize("sbatch,signal", [("--time=2", "TERM@30"), ("--time=5", "TERM@75"),
+                                           ("--time=1-0", "TERM@300"),
+                                           ("--time=10 --signal=TERM@60", "TERM@60")])
+def test_a_short_limit_gets_a_warning_that_fits_it(sbatch, signal, tmp_path):
+  """A quarter of a short limit, not the default 5 minutes; a given --signal is kept."""
+  script = slurm.train_script(tiny_run_config(tmp_path), ["transformer-train"], sbatch,
+                              str(tmp_path / "run"))
+  assert f"#SBATCH --signal={signal}\n" in script
+
+
+def test_print_sbatch_refuses_before_a_script_is_printed(tmp_path):
+  """The program's own path: a refusal, a script, a broken config; nothing is written."""
+  cfg = tiny_run_config(tmp_path)
+  refused = run_cli("transformer.training.train",
+                    *train_flags(cfg, tmp_path / "run", **{"mesh.data": 2, "mesh.fsdp": 2}),
+                    "--print_sbatch", f"--sbatch={REFUSED_SBATCH[0][0]}")
+  assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+  assert REFUSED_SBATCH[0][1] in refused.stderr and "Traceback" not in refused.stderr
+  printed = run_cli("transformer.training.train", *train_flags(cfg, tmp_path / "run"),
+                    "--print_sbatch", "--sbatch=--time=2")
+  assert printed.returncode == 0, printed.stderr
+  assert "#SBATCH --signal=TERM@30\n" in printed.stdout
   broken = run_cli("transformer.training.train", *train_flags(cfg, tmp_path / "run", **{
       "train.warmup_steps": -1}), "--print_sbatch")
   assert broken.returncode == 2 and broken.stdout == ""
