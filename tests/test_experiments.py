@@ -801,6 +801,21 @@ def test_the_bf16_recipe_is_the_default_with_bf16_products_dropout_0_2_8000_step
                      "decode.beam_size": 6, "decode.alpha": 1.4}
 
 
+def test_the_length_figure_draws_the_variants_with_numbers_and_nothing_without(tmp_path):
+  from transformer.sweeps import by_length
+  grid = Grid("g", [Variant("a"), Variant("b"), Variant("c")], test_sets=("long",), by_length=True)
+  labels = [by_length.bucket_label(b) for b in by_length.LENGTH_BUCKETS]
+  rows = [{"variant": v, "finished": True, "long_bleu": 5.0 + seed,
+           **{f"len{label}_bleu": 10.0 + i + seed for i, label in enumerate(labels)}}
+          for v in ("a", "b") for seed in (0, 1)] + [{"variant": "c", "finished": False}]
+  path = by_length.figure(rows, grid, tmp_path / "length.png")
+  image = matplotlib.image.imread(path)
+  assert image.shape[:2] == (540, 960)  # 8 x 4.5 inches at 120 dpi
+  assert image[..., :3].std() > 0  # something is drawn
+  assert by_length.figure(rows[-1:], grid, tmp_path / "none.png") is None
+  assert not (tmp_path / "none.png").exists()
+
+
 def test_the_length_comparison_calls_a_conclusion_only_when_every_seed_signs_it(tmp_path):
   from experiments.analyses.table3_lengths import compare, read_table, report, verdict
   header = "variant,seed,dev_delta,dev_p\n"

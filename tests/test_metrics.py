@@ -1,8 +1,11 @@
 """metrics.jsonl and the TensorBoard event files beside it, read back as TensorBoard reads them;
 the machine that its 'start' records name."""
 
+import importlib.util
 import json
 import platform
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -70,6 +73,20 @@ def test_a_resumed_run_hides_what_the_interrupted_one_logged_after_its_checkpoin
       resumed.write("train", step, loss=float(step))
   points = [(s, v) for s, v, _ in read_tensorboard(tmp_path)["train/loss"]]
   assert points == [(2, 8.0), (4, 4.0), (6, 6.0), (8, 8.0)]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch installed "
+                    "(pip install torch), whose import tensorboardX would otherwise make")
+def test_tensorboard_files_are_written_without_importing_torch_which_stays_importable(tmp_path):
+  code = ("import sys\nfrom transformer.metrics import MetricWriter\n"
+          f"with MetricWriter({str(tmp_path)!r}) as w:\n  w.write('train', 1, loss=2.5)\n"
+          "assert 'torch' not in sys.modules, 'torch was imported'\n"
+          "import torch\nprint(torch.tensor([1.0]).sum().item())\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0 and out.stdout.strip() == "1.0", out.stderr[-2000:]
+  events = EventAccumulator(str(tmp_path))
+  events.Reload()
+  assert [e.value for e in events.Scalars("train/loss")] == [2.5]
 
 
 def test_nothing_is_written_before_the_first_record(tmp_path):

@@ -58,7 +58,7 @@ def test_sharded_dimensions_must_divide():
 
 
 STRATEGIES = textwrap.dedent("""
-    import json, jax, numpy as np
+    import json, sys, jax, numpy as np
     from helpers import random_tokens
     from transformer import partitioning
     from transformer.config import base_config
@@ -77,7 +77,7 @@ STRATEGIES = textwrap.dedent("""
       return list(x.addressable_shards[0].data.shape)
 
     out = {}
-    for shape in [(1, 1, 1), (8, 1, 1), (1, 8, 1), (2, 1, 4), (2, 2, 2)]:
+    for shape in [(1, 1, 1)] + [tuple(s) for s in json.loads(sys.argv[1])]:
       c = cfg.copy_and_resolve_references()
       c.mesh.data, c.mesh.fsdp, c.mesh.tensor = shape
       devices = jax.devices()[:int(np.prod(shape))]
@@ -102,7 +102,7 @@ STRATEGIES = textwrap.dedent("""
                      "batch": shard(sharded_batch["src"])},
           "devices": len(state.params["embed"]["embedding"].sharding.device_set)}
     cfg.train.rdrop_alpha = 5.0  # R-Drop's two passes: each row twice, side by side
-    for shape in [(1, 1, 1), (2, 2, 2)]:  # every axis sharded at once
+    for shape in [(1, 1, 1), (2, 2, 2)] if sys.argv[2] == "rdrop" else []:  # every axis at once
       c = cfg.copy_and_resolve_references()
       c.mesh.data, c.mesh.fsdp, c.mesh.tensor = shape
       mesh = partitioning.make_mesh(c, 32, jax.devices()[:int(np.prod(shape))])
@@ -117,19 +117,42 @@ STRATEGIES = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def strategies():
+def train_strategies(shapes, rdrop):
+  """One device and each mesh of `shapes` trained 3 steps on 8 fake devices (R-Drop's too, on one
+  device and (2, 2, 2), if `rdrop`), in a process of its own: shape -> losses, parameters, shards."""
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
   env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
-  out = subprocess.run([sys.executable, "-c", STRATEGIES], env=env, capture_output=True, text=True,
-                       timeout=600)
+  out = subprocess.run([sys.executable, "-c", STRATEGIES, json.dumps(shapes),
+                        "rdrop" if rdrop else ""],
+                       env=env, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("shape", ["(8, 1, 1)", "(1, 8, 1)", "(2, 1, 4)", "(2, 2, 2)"])
-def test_every_strategy_trains_like_one_device(strategies, shape):
-  one, many = strategies["(1, 1, 1)"], strategies[shape]
+@pytest.fixture(scope="module")
+def strategies():
+  """(2, 2, 2) shards every axis at once: the fast suite's strategy."""
+  return train_strategies([(2, 2, 2)], rdrop=True)
+
+
+@pytest.fixture(scope="module")
+def one_axis_strategies():
+  """Each axis alone, over all 8 devices or with another (slow: three more compilations)."""
+  return train_strategies([(8, 1, 1), (1, 8, 1), (2, 1, 4)], rdrop=False)
+
+
+def strategy(request, shape):
+  return request.getfixturevalue("strategies" if shape == "(2, 2, 2)" else "one_axis_strategies")
+
+
+ONE_AXIS = [pytest.param(shape, marks=pytest.mark.slow)
+            for shape in ["(8, 1, 1)", "(1, 8, 1)", "(2, 1, 4)"]]
+
+
+@pytest.mark.parametrize("shape", [*ONE_AXIS, "(2, 2, 2)"])
+def test_every_strategy_trains_like_one_device(request, shape):
+  trained = strategy(request, shape)
+  one, many = trained["(1, 1, 1)"], trained[shape]
   assert many["devices"] == 8
   assert many["loss"] == pytest.approx(one["loss"], rel=1e-5)
   for a, b in zip(one["params"], many["params"], strict=True):
@@ -158,6 +181,6 @@ EXPECTED_SHARDS = {
 }
 
 
-@pytest.mark.parametrize("shape", EXPECTED_SHARDS)
-def test_parameters_and_adam_state_are_sharded_as_the_rules_say(strategies, shape):
-  assert strategies[shape]["shards"] == EXPECTED_SHARDS[shape]
+@pytest.mark.parametrize("shape", [*ONE_AXIS, "(2, 2, 2)"])
+def test_parameters_and_adam_state_are_sharded_as_the_rules_say(request, shape):
+  assert strategy(request, shape)[shape]["shards"] == EXPECTED_SHARDS[shape]

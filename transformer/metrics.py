@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -48,6 +49,7 @@ class MetricWriter:
       f.write(json.dumps(record) + "\n")
     if self._tensorboard is None:  # at the first record (a training run's is before its loop):
       # importing tensorboardX (and what it imports) takes seconds, which a loop should not pay.
+      import_tensorboardx()
       from tensorboardX import SummaryWriter
       # tensorboardX names the file by the second; the suffix keeps two writers of the same
       # second (a quick restart) apart, in the order TensorBoard reads them.
@@ -69,6 +71,19 @@ class MetricWriter:
 
   def __exit__(self, *exc_info) -> None:
     self.close()
+
+
+def import_tensorboardx() -> None:
+  """Imports tensorboardX without torch. Where torch is installed, tensorboardX imports it only to
+  accept torch tensors (this project hands it numbers), and that import alone takes 1.5 s of a
+  2-core machine's start of every run; hidden while tensorboardX loads, it stays importable."""
+  if "torch" in sys.modules or "tensorboardX" in sys.modules:
+    return
+  sys.modules["torch"] = None  # an import of it raises ImportError, which tensorboardX handles
+  try:
+    import tensorboardX  # noqa: F401
+  finally:
+    del sys.modules["torch"]
 
 
 def evaluation_suffix(averaged: int = 1, ensemble: int = 1, ema: bool = False,

@@ -34,7 +34,6 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import grain
 import ml_collections
 import numpy as np
 from absl import flags
@@ -378,6 +377,7 @@ class Loader:
   def batches(self, start: PipelineState = PipelineState()
               ) -> Iterator[tuple[dict[str, np.ndarray], PipelineState]]:
     """(batch, state after it) from `start` on; endless if `repeat`, else to the epoch's end."""
+    import grain  # here, not at the top: programs that never train start without it (0.4 s)
     first = start.epoch * self.num_batches + start.batch
     stop = first + 2**40 if self.repeat else self.num_batches
     dataset = grain.MapDataset.range(first, stop).map(self.make)

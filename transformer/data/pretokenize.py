@@ -20,9 +20,12 @@ import dataclasses
 import functools
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import ml_collections
-from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
+
+if TYPE_CHECKING:
+  from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
 
 PRETOKENIZERS = ("none", "multi30k")
 QUOTE_IN_WORD = re.compile(r"([a-z])[‘’]([a-z])")  # Moses 3a0631a's rule: ASCII letters only
@@ -30,12 +33,15 @@ QUOTE_IN_WORD = re.compile(r"([a-z])[‘’]([a-z])")  # Moses 3a0631a's rule: A
 
 @functools.lru_cache(maxsize=8)
 def moses(lang: str) -> tuple[MosesPunctNormalizer, MosesTokenizer]:
-  """sacremoses' punctuation normaliser and tokenizer for `lang` (made once: they compile regexes)."""
+  """sacremoses' punctuation normaliser and tokenizer for `lang` (made once: they compile regexes;
+  imported here, where the first text is tokenized, so that programs start without it)."""
+  from sacremoses import MosesPunctNormalizer, MosesTokenizer
   return MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
 
 
 @functools.lru_cache(maxsize=8)
 def _detokenizer(lang: str) -> MosesDetokenizer:
+  from sacremoses import MosesDetokenizer
   return MosesDetokenizer(lang=lang)
 
 

@@ -12,14 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+from sacrebleu.metrics import BLEU
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from sacrebleu.metrics import BLEU  # noqa: E402
-
-from transformer.sweeps.grids import Grid  # noqa: E402
+from transformer.sweeps.grids import Grid
 
 LENGTH_BUCKETS = ((1, 9), (10, 12), (13, 15), (16, 20), (21, 1000))  # source words, inclusive
 
@@ -87,7 +83,9 @@ def figure(rows: list[dict[str, Any]], grid: Grid, path: Path) -> Path | None:
   labels = [bucket_label(b) for b in LENGTH_BUCKETS]
   long_key = "long_ema_bleu" if any(r.get("long_ema_bleu") is not None for r in rows) else "long_bleu"
   points = labels + (["long set"] if "long" in grid.test_sets else [])
-  fig, ax = plt.subplots(figsize=(8, 4.5))
+  from matplotlib.figure import Figure  # here: a grid's start need not import matplotlib
+  fig = Figure(figsize=(8, 4.5))  # drawn without pyplot's windows (Agg writes the file)
+  ax = fig.subplots()
   drawn = False
   for variant in grid.variants:
     mine = [r for r in rows if r["variant"] == variant.name and r["finished"]]
@@ -101,7 +99,6 @@ def figure(rows: list[dict[str, Any]], grid: Grid, path: Path) -> Path | None:
     ax.fill_between(range(len(points)), mean - spread, mean + spread, alpha=0.15)
     drawn = True
   if not drawn:
-    plt.close(fig)
     return None
   ax.set_xticks(range(len(points)), [p if p == "long set" else f"{p} words" for p in points])
   ax.set(xlabel="source length", ylabel="sacreBLEU",
@@ -110,5 +107,4 @@ def figure(rows: list[dict[str, Any]], grid: Grid, path: Path) -> Path | None:
   ax.legend(fontsize="small")
   fig.tight_layout()
   fig.savefig(path, dpi=120)
-  plt.close(fig)
   return path

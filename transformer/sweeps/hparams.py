@@ -19,9 +19,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tensorboardX import SummaryWriter
-from tensorboardX.proto import api_pb2, plugin_hparams_pb2
-from tensorboardX.proto.summary_pb2 import Summary, SummaryMetadata
+from transformer import metrics
+
+metrics.import_tensorboardx()  # first: then tensorboardX's modules below leave torch alone
+from tensorboardX import SummaryWriter  # noqa: E402
+from tensorboardX.proto import api_pb2, plugin_hparams_pb2  # noqa: E402
+from tensorboardX.proto.summary_pb2 import Summary, SummaryMetadata  # noqa: E402
 
 SUFFIX = ".hparams"  # the event files this module writes (and replaces)
 METRIC_GROUP = "final"  # metric tags: final/<row key>, apart from the training's train/ and eval/
