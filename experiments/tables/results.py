@@ -143,30 +143,21 @@ def _alone_hours(folder: Path) -> float:
   return train[-1]["step"] * statistics.quantiles(paces, n=10)[0] / 3600
 
 
-def _wu_tiny_seeds() -> list[dict[str, str]]:
-  """The literature's recipe reproduced: its grid's finished seeds (results.csv rows)."""
-  if not (WU_TINY / "results.csv").is_file():
-    return []
-  with open(WU_TINY / "results.csv") as f:
-    return [r for r in csv.DictReader(f) if r["finished"] == "True"]
-
-
-def _wu_tiny_alone_hours(rows: list[dict[str, str]]) -> float:
-  return statistics.mean(_alone_hours(WU_TINY / "runs" / r["variant"] / f"seed{r['seed']}")
-                         for r in rows)
-
-
 def _wu_tiny_rows() -> list[str]:
   """The literature's recipe reproduced (lc-tok BLEU of the mean of each seed's last 10
   checkpoints) and its three seeds ensembled, or how far its grid is."""
   label = "ours: Wu et al.'s recipe (`configs/multi30k_tiny.py`)"
-  rows = _wu_tiny_seeds()
+  rows = []
+  if (WU_TINY / "results.csv").is_file():
+    with open(WU_TINY / "results.csv") as f:
+      rows = [r for r in csv.DictReader(f) if r["finished"] == "True"]
   command = "`multi30k_wu_tiny` (its README has the command)"
   if not rows:
     return [f"| {label}: training, 0 of 3 seeds finished | – | – | – | – | {command} |"]
   cells = [mean_sd(_floats(rows, f"{name}_lc_tok_bleu")) for name in TEST_SETS]
   shared = statistics.mean(_floats(rows, "train_sec")) / 3600
-  alone = _wu_tiny_alone_hours(rows)
+  alone = statistics.mean(_alone_hours(WU_TINY / "runs" / r["variant"] / f"seed{r['seed']}")
+                          for r in rows)
   seeds = "3 seeds" if len(rows) == 3 else f"{len(rows)} of 3 seeds"
   lines = [f"| {label}, {seeds} | {' | '.join(cells)} | {alone:.1f} a seed alone "
            f"({shared:.1f} as run, sharing the CPU) | {command} |"]
