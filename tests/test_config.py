@@ -53,6 +53,9 @@ def test_default_config_is_valid():
     ("model.num_layers", 0, r"config.model.num_layers must be a positive integer, got 0"),
     ("data.tokens_per_batch", -100, r"config.data.tokens_per_batch must be a positive integer, got -100"),
     ("model.dropout", 1.5, r"config.model.dropout must be a number in \[0, 1\), got 1.5"),
+    ("model.activation_dropout", 1.0, r"config.model.activation_dropout must be a number in \[0, 1\), "
+     r"got 1.0"),
+    ("model.word_dropout", -0.1, r"config.model.word_dropout must be a number in \[0, 1\), got -0.1"),
     ("model.qkv_init_gain", 0.0, r"config.model.qkv_init_gain must be a positive number \(1 = "
      r"Glorot-uniform, fairseq's is 0.7071\), got 0.0"),
     ("train.label_smoothing", -0.1, r"config.train.label_smoothing must be a number in \[0, 1\)"),

@@ -26,6 +26,7 @@ VOCAB_MODEL_TYPES = ("bpe", "unigram")
 VOCAB_NORMALIZATIONS = ("identity", "nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf")
 ATTENTION_KERNELS = ("auto", "xla", "cudnn", "reference")
 REMAT_MODES = ("none", "full", "dots")
+DROPOUTS = ("dropout", "attention_dropout", "activation_dropout", "word_dropout")  # model keys
 NONFINITE_POLICIES = ("stop", "skip")
 
 
@@ -53,6 +54,12 @@ def _model_keys() -> ml_collections.ConfigDict:
   model.d_v = 0                     # per-head value width; 0 = d_model / num_heads.
   model.dropout = 0.1               # residual and embedding dropout (P_drop).
   model.attention_dropout = 0.0     # the paper uses none.
+  model.activation_dropout = 0.0    # on the feed-forward's hidden units (fairseq's
+                                    # --activation-dropout, tensor2tensor's relu_dropout); none in
+                                    # the paper.
+  model.word_dropout = 0.0          # each source token's and decoder input's whole embedding
+                                    # dropped with this probability (Marian's --dropout-src/-trg);
+                                    # none in the paper.
   model.positional = "sinusoidal"   # or another of model/positions/ (one file per kind; 'learned'
                                     # is Table 3 row E); docs/experiments.md compares them all.
   model.norm = "post"               # 'post' = LayerNorm(x + Sublayer(x)) as in the paper; or 'pre'.
@@ -285,7 +292,7 @@ def _check_values(cfg: ml_collections.ConfigDict) -> None:
   if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or (ratio != 0 and ratio < 1):
     raise ConfigError(f"config.data.max_length_ratio must be >= 1 (or 0 to keep every ratio), "
                       f"got {ratio!r}")
-  for key in ("model.dropout", "model.attention_dropout", "train.label_smoothing", "data.subword_dropout"):
+  for key in (*(f"model.{k}" for k in DROPOUTS), "train.label_smoothing", "data.subword_dropout"):
     _probability(cfg, key)
   minutes = cfg.train.checkpoint_minutes
   if not isinstance(minutes, (int, float)) or isinstance(minutes, bool) or minutes < 0:
@@ -321,7 +328,7 @@ def _check_combinations(cfg: ml_collections.ConfigDict) -> None:
   if cfg.data.subword_dropout and cfg.data.vocab_model_type != "bpe":
     raise ConfigError(f"config.data.subword_dropout needs a BPE vocabulary (it is BPE-dropout); "
                       f"config.data.vocab_model_type is {cfg.data.vocab_model_type!r}")
-  if cfg.train.rdrop_alpha and not (cfg.model.dropout or cfg.model.attention_dropout):
+  if cfg.train.rdrop_alpha and not any(cfg.model[k] for k in DROPOUTS):
     raise ConfigError("config.train.rdrop_alpha compares two dropout masks, but the model has no "
                       "dropout: set config.model.dropout (e.g. 0.3) or config.train.rdrop_alpha=0")
   if cfg.train.rdrop_alpha and cfg.train.loss_chunks:

@@ -155,6 +155,7 @@ def model_section(theirs: Any, output_bias: bool, start: str) -> dict[str, Any]:
               num_heads=theirs.encoder_attention_heads, d_k=0, d_v=0, norm="post",
               share_embeddings=True, activation=ACTIVATIONS[theirs.activation_function],
               dropout=theirs.dropout, attention_dropout=theirs.attention_dropout,
+              activation_dropout=theirs.activation_dropout,
               output_bias=output_bias, decoder_start=start, layer_norm_epsilon=epsilon)
 
 

@@ -52,6 +52,8 @@ class ModelConfig:
   decoder_start: str = "bos"  # the decoder's first input, a key of DECODER_STARTS
   layer_norm_epsilon: float = 1e-6  # added to the variance in every LayerNorm
   qkv_init_gain: float = 1.0  # the query, key and value projections' Glorot-uniform gain at init
+  activation_dropout: float = 0.0  # dropout on the feed-forward layers' hidden units
+  word_dropout: float = 0.0  # whole tokens' embeddings dropped, source and decoder inputs
 
   @property
   def num_decoder_layers(self) -> int:

@@ -162,8 +162,10 @@ ACTIVATION_FUNCTIONS = {"relu": nn.relu, "swish": nn.silu,
 
 
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W1 + b1) W2 + b2, or swish or GELU for max(0, .) (`activation`)."""
+  """FFN(x) = max(0, x W1 + b1) W2 + b2, or swish or GELU for max(0, .) (`activation`), with
+  `activation_dropout` on the hidden units while training (none in the paper)."""
   config: ModelConfig
+  deterministic: bool = True
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -171,6 +173,9 @@ class FeedForward(nn.Module):
     x = nn.Dense(cfg.d_ff, dtype=cfg.dtype, name="wi", kernel_init=_init(_dense_init, "embed", "mlp"),
                  bias_init=_init(_zeros, "mlp"), dot_general=matmul(cfg))(x)
     x = constrain(ACTIVATION_FUNCTIONS[cfg.activation](x), "batch", "length", "act_mlp")
+    if cfg.activation_dropout and not self.deterministic:  # named, and built only when on: the
+      x = nn.Dropout(cfg.activation_dropout, name="activation_dropout")(x, deterministic=False)
+    # other dropout layers keep their names, so their masks are a run's without it (drop_words)
     return nn.Dense(cfg.d_model, dtype=cfg.dtype, name="wo", kernel_init=_init(_dense_init, "mlp", "embed"),
                     bias_init=_init(_zeros, "embed"), dot_general=matmul(cfg))(x)
 
@@ -211,7 +216,8 @@ class EncoderLayer(nn.Module):
     attend = MultiHeadAttention(cfg, relate=True, name="self_attention")
     x = residual(cfg, x, lambda y: attend(y, y, mask, deterministic=deterministic, prepared=prepared),
                  _layer_norm(cfg, "self_attention_norm"), deterministic)
-    x = residual(cfg, x, FeedForward(cfg, name="ffn"), _layer_norm(cfg, "ffn_norm"), deterministic)
+    x = residual(cfg, x, FeedForward(cfg, deterministic, name="ffn"), _layer_norm(cfg, "ffn_norm"),
+                 deterministic)
     return constrain(x, "batch", "length", "act_embed")
 
 
@@ -236,7 +242,8 @@ class DecoderLayer(nn.Module):
     x = residual(cfg, x, lambda y: cross_attend(y, encoded, cross_mask, deterministic=deterministic,
                                                 cache="cross" if self.decode else None),
                  _layer_norm(cfg, "cross_attention_norm"), deterministic)
-    x = residual(cfg, x, FeedForward(cfg, name="ffn"), _layer_norm(cfg, "ffn_norm"), deterministic)
+    x = residual(cfg, x, FeedForward(cfg, deterministic, name="ffn"), _layer_norm(cfg, "ffn_norm"),
+                 deterministic)
     return constrain(x, "batch", "length", "act_embed")
 
 
@@ -271,6 +278,17 @@ def stack_layers(config: ModelConfig, num_layers: int, layer: type[nn.Module], x
   return x
 
 
+def drop_words(config: ModelConfig, x: jax.Array, deterministic: bool) -> jax.Array:
+  """Word dropout: each token's whole embedding [.., D] zeroed with probability
+  `config.word_dropout` while training, the others scaled up (Marian's --dropout-src/--dropout-trg;
+  Sennrich and Zhang, 2019, for small data). Named, and built only when on, so that the other
+  dropout layers' names, and so their masks, are those of a run without it."""
+  if not config.word_dropout or deterministic:
+    return x
+  return nn.Dropout(config.word_dropout, broadcast_dims=(x.ndim - 1,), name="word_dropout")(
+      x, deterministic=False)
+
+
 def embed_tokens(config: ModelConfig, embed: nn.Embed, tokens: jax.Array) -> jax.Array:
   """Token embeddings scaled by sqrt(D), as the paper does for the shared matrix. The rows are
   gathered from the float32 table and then cast (nn.Embed casts the table first: the same values),
@@ -290,7 +308,7 @@ class Encoder(nn.Module):
     cfg = self.config
     at = default_positions(src, positions)
     kind = positional.get(cfg.positional)(cfg, name="positions")
-    x = kind.embed(embed_tokens(cfg, self.embed, src), at)
+    x = kind.embed(drop_words(cfg, embed_tokens(cfg, self.embed, src), deterministic), at)
     x = constrain(nn.Dropout(cfg.dropout)(x, deterministic=deterministic), "batch", "length",
                   "act_embed")
     mask = source_mask(src) if segments is None else segment_mask(segments, segments)
@@ -331,7 +349,8 @@ class Decoder(nn.Module):
     if cfg.start_id != BOS_ID:  # inputs and searches put BOS at position 0; this model starts
       tgt_in = jnp.where(positions == 0, cfg.start_id, tgt_in)  # from another token (Marian's pad)
     kind = positional.get(cfg.positional)(cfg, name="positions")
-    x = kind.embed(embed_tokens(cfg, self.embed, tgt_in), positions)
+    x = kind.embed(drop_words(cfg, embed_tokens(cfg, self.embed, tgt_in), deterministic),
+                   positions)
     x = constrain(nn.Dropout(cfg.dropout)(x, deterministic=deterministic), "batch", "length",
                   "act_embed")
     x = stack_layers(cfg, cfg.num_decoder_layers, DecoderLayer, x, encoded, self_mask, cross_mask,

@@ -31,7 +31,8 @@ from transformer.training import checkpoints
 log = logging.getLogger("transformer")
 
 # Model keys a fine-tuning run may set itself: how it trains, not what the parameters compute.
-TRAINING_ONLY = ("dropout", "attention_dropout", "dtype", "matmul_dtype", "attention", "remat")
+TRAINING_ONLY = ("dropout", "attention_dropout", "activation_dropout", "word_dropout", "dtype",
+                 "matmul_dtype", "attention", "remat")
 # Keys whose 0 means "derived from the others", named by what they resolve to: a run written with
 # decoder_layers=2 and one with 0 and num_layers=2 have the same decoder, and the log says nothing.
 RESOLVED = {"decoder_layers": "num_decoder_layers", "d_k": "key_dim", "d_v": "value_dim"}
