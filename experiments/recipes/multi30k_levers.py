@@ -17,6 +17,8 @@ and Rush, 2016): the same model trained on the training sources paired with thei
 the reproduction's three seeds ensembled, which the same script makes first (~15 minutes); its
 budget counts the teacher's three runs.
 
+`vocab5k` learns its own vocabulary, so it cannot join the others' ensembles (they share one).
+
 A run is ~2.5 hours of the 2-core CPU alone (R-Drop in four micro-batches ~2.4x that, measured in
 experiments/results/cpu/rdrop_speed/, its batches' rows a multiple of 4, which moves a bucket's
 batch by at most 3 rows; twice the updates 2x, 1x when continued); the grid resumes
@@ -43,6 +45,9 @@ LEVERS = [  # in the order they train: the likeliest to move BLEU first
                           "data.eval_tgt": f"{BUNDLED}/val.de.gz"}),
     Variant("rdrop1", {"train.rdrop_alpha": 1.0,            # R-Drop at Guo et al.'s weight (their
                        "train.grad_accum_steps": 4}),       # 0.5 KL of two passes)
+    Variant("act_dropout", {"model.activation_dropout": 0.1}),  # the feed-forward's hidden units
+    Variant("word_dropout", {"model.word_dropout": 0.1}),    # whole tokens (Sennrich and Zhang)
+    Variant("vocab5k", {"data.vocab_size": 5000}),           # fewer subwords for small data
     Variant("bpe_dropout", {"data.subword_dropout": 0.1}),   # subword regularisation
     Variant("attn_dropout", {"model.attention_dropout": 0.1}),
     Variant("smooth2", {"train.label_smoothing": 0.2}),
