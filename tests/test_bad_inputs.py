@@ -260,6 +260,10 @@ CASES = {
     "vocabulary does not match the run": Case(
         "training.train", ("--workdir={run}", "--config.data.vocab_size=200", "--allow_config_change"),
         "{run}/vocab.model has 300 pieces, but config.data.vocab_size is 200", True),
+    "given vocabulary of another size": Case(
+        "training.train", ("--config.data.vocab_file={run}", "--config.data.vocab_size=200"),
+        "config.data.vocab_file={run} has 300 pieces, but config.data.vocab_size is 200: set "
+        "--config.data.vocab_size=300", True),
     "workdir is a file": Case("training.train", ("--workdir={tmp}/file",),
                               "--workdir={tmp}/file is a file, not a directory", True,
                               prepare=lambda tmp, run: (tmp / "file").write_text("notes\n")),

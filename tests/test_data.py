@@ -82,6 +82,38 @@ def test_vocabulary_is_reused_and_checked(small_vocab, tmp_path):
     vocab_lib.vocab_for_run(tmp_path, data, source=None, seed=0)
 
 
+def test_a_given_vocabulary_is_the_runs_whatever_its_text(small_vocab, tmp_path, monkeypatch):
+  """data.vocab_file (a model, or a run folder) is copied in; nothing is trained or read."""
+  vocab, path = small_vocab
+  (tmp_path / "donor").mkdir()
+  (tmp_path / "donor" / vocab_lib.VOCAB_FILE).write_bytes(path.read_bytes())
+
+  def no_training(*args, **kwargs):
+    raise AssertionError("a given vocabulary must not be trained again")
+  monkeypatch.setattr(vocab_lib, "train_vocab", no_training)
+  data = base_config().data
+  data.vocab_size, data.vocab_cache_dir = 500, str(tmp_path / "cache")
+  for i, given in enumerate((path, tmp_path / "donor")):
+    data.vocab_file = str(given)
+    (tmp_path / f"run{i}").mkdir()
+    run = vocab_lib.vocab_for_run(tmp_path / f"run{i}", data, source=None, seed=0)
+    assert (tmp_path / f"run{i}" / vocab_lib.VOCAB_FILE).read_bytes() == path.read_bytes()
+    assert run.encode("Zwei Hunde") == vocab.encode("Zwei Hunde")
+  assert not (tmp_path / "cache").exists()
+  (tmp_path / "notes.txt").write_text("not a model\n")
+  (tmp_path / "run9").mkdir()
+  for given, message in ((tmp_path / "missing.model", "no such file"),
+                         (tmp_path / "notes.txt", "is not a SentencePiece model")):
+    data.vocab_file = str(given)
+    with pytest.raises(sources.DataError, match=message):
+      vocab_lib.vocab_for_run(tmp_path / "run9", data, source=None, seed=0)
+  assert not (tmp_path / "run9" / vocab_lib.VOCAB_FILE).exists()
+  cfg = base_config()
+  cfg.data.vocab_file, cfg.train.init_from = str(path), str(tmp_path / "donor")
+  with pytest.raises(ConfigError, match="both bring a vocabulary"):
+    validate(cfg)
+
+
 def test_vocabulary_is_cached_per_dataset_and_setting(tmp_path, monkeypatch):
   data = base_config().data
   data.vocab_size, data.vocab_sample_sentences = 300, 3000

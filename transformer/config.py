@@ -113,6 +113,8 @@ def _data_keys() -> ml_collections.ConfigDict:
                                     # probability (Provilkov et al., 2020); evaluation never samples.
   data.vocab_sample_sentences = 1_000_000  # training pairs sampled uniformly to train it.
   data.vocab_cache_dir = ""         # '' = $XDG_CACHE_HOME/transformer/vocab (~/.cache/...).
+  data.vocab_file = ""              # a SentencePiece model (or a run folder: its vocab.model) used
+                                    # instead of learning one; runs sharing it can be ensembled.
   data.max_len = 256                # longer training pairs (in subword tokens) are dropped,
   data.max_length_ratio = 9.0       # and pairs with one side 9x longer (Moses' clean-corpus; 0 = off).
   data.batching = "bucket"          # 'bucket': pairs of similar length per batch (the paper's);
@@ -325,6 +327,9 @@ def _check_combinations(cfg: ml_collections.ConfigDict) -> None:
   if cfg.train.cooldown_steps > cfg.train.steps:
     raise ConfigError(f"config.train.cooldown_steps ({cfg.train.cooldown_steps}) must be at most "
                       f"config.train.steps ({cfg.train.steps}): the cool-down is the end of the run")
+  if cfg.data.vocab_file and cfg.train.init_from:
+    raise ConfigError("config.data.vocab_file and config.train.init_from both bring a vocabulary "
+                      "(init_from its run's): drop config.data.vocab_file")
   if cfg.data.subword_dropout and cfg.data.vocab_model_type != "bpe":
     raise ConfigError(f"config.data.subword_dropout needs a BPE vocabulary (it is BPE-dropout); "
                       f"config.data.vocab_model_type is {cfg.data.vocab_model_type!r}")

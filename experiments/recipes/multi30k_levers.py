@@ -31,6 +31,9 @@ from transformer.sweeps.grids import Grid, Variant
 # The reproduction's three seeds ensembled (each the mean of its last 10 checkpoints, beam 5)
 # translate the training sources; multi30k_literature.sh writes this file before the grid starts.
 TEACHER_TARGETS = "runs/experiments/multi30k_levers/teacher/train.de"
+# The teacher's vocabulary, which the students keep (data.vocab_file), so that they can join the
+# reproduction's seeds in an ensemble.
+TEACHER_VOCAB = "runs/experiments/multi30k_wu_tiny/wu_tiny/seed0/vocab.model"
 BUNDLED = "transformer/data/multi30k"
 
 LEVERS = [  # in the order they train: the likeliest to move BLEU first
@@ -42,7 +45,8 @@ LEVERS = [  # in the order they train: the likeliest to move BLEU first
     # sequence-level knowledge distillation: the teacher's translations as the training targets
     Variant("distilled", {"data.source": "files", "data.train_src": f"{BUNDLED}/train.en.gz",
                           "data.train_tgt": TEACHER_TARGETS, "data.eval_src": f"{BUNDLED}/val.en.gz",
-                          "data.eval_tgt": f"{BUNDLED}/val.de.gz"}),
+                          "data.eval_tgt": f"{BUNDLED}/val.de.gz",
+                          "data.vocab_file": TEACHER_VOCAB}),
     Variant("rdrop1", {"train.rdrop_alpha": 1.0,            # R-Drop at Guo et al.'s weight (their
                        "train.grad_accum_steps": 4}),       # 0.5 KL of two passes)
     Variant("act_dropout", {"model.activation_dropout": 0.1}),  # the feed-forward's hidden units

@@ -225,7 +225,7 @@ def cached_vocab_path(data: ml_collections.ConfigDict, seed: int, corpus_pairs: 
 def vocab_for_run(workdir: str | os.PathLike, data: ml_collections.ConfigDict, source,
                   seed: int, corpus_pairs: int | None = None) -> spm.SentencePieceProcessor:
   """The run's vocabulary: WORKDIR's if present (resume, or a run started from another's
-  parameters); else a copy of the cached one for this dataset and setting (`cached_vocab`)."""
+  parameters); else a copy of the one for this dataset and setting (`cached_vocab`)."""
   path = Path(workdir) / VOCAB_FILE
   if run_vocab_path(workdir).is_file():
     return load_run_vocab(workdir, data)
@@ -233,11 +233,35 @@ def vocab_for_run(workdir: str | os.PathLike, data: ml_collections.ConfigDict, s
   return load_vocab(path)
 
 
+def given_vocab(data: ml_collections.ConfigDict) -> Path:
+  """`data.vocab_file` (a SentencePiece model, or a run folder's vocab.model), checked: runs given
+  one file share their vocabulary whatever text they train on, so they can be ensembled."""
+  path = Path(data.vocab_file)
+  if path.is_dir():
+    path = path / VOCAB_FILE
+  if path.suffix == ".marian" or (path.parent / MARIAN_VOCAB_FILE).is_file():
+    raise DataError(f"config.data.vocab_file={data.vocab_file} is an imported Marian model's "
+                    "vocabulary; start from that run with config.train.init_from instead")
+  if not path.is_file():
+    raise DataError(f"config.data.vocab_file={data.vocab_file}: no such file (give a SentencePiece "
+                    "model, or a run folder with its vocab.model)")
+  size = load_vocab(path).get_piece_size()  # DataError where not SentencePiece's
+  if size != data.vocab_size:
+    raise DataError(f"config.data.vocab_file={data.vocab_file} has {size} pieces, but "
+                    f"config.data.vocab_size is {data.vocab_size}: set "
+                    f"--config.data.vocab_size={size}")
+  log.info("Using the vocabulary %s (config.data.vocab_file)", path)
+  return path
+
+
 def cached_vocab(data: ml_collections.ConfigDict, source, seed: int,
                  corpus_pairs: int | None = None) -> Path:
-  """The cached vocabulary for this dataset and setting, trained on a sample of `source` if absent.
-  `source` is the training split or a function that opens it; with the split's size known
-  (`corpus_pairs`) it is opened only when a vocabulary must be trained."""
+  """The vocabulary for this dataset and setting: `data.vocab_file` where given, else the cached
+  one, trained on a sample of `source` if absent. `source` is the training split or a function that
+  opens it; with the split's size known (`corpus_pairs`) it is opened only when a vocabulary must
+  be trained."""
+  if data.vocab_file:
+    return given_vocab(data)
   if corpus_pairs is None:
     source = source() if callable(source) else source
     corpus_pairs = len(source)
