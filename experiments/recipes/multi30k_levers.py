@@ -57,7 +57,6 @@ LEVERS = [  # in the order they train: the likeliest to move BLEU first
     Variant("smooth2", {"train.label_smoothing": 0.2}),
     Variant("rotary", {"model.positional": "rotary"}),       # led within the training lengths
     Variant("deep6", {"model.num_layers": 6}),               # shape: 6 + 6 layers of d_model 128
-    Variant("patience10", {"train.patience": 10}),           # their early stop (--patience 10)
 ]
 
 
