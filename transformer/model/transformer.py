@@ -173,9 +173,10 @@ class FeedForward(nn.Module):
     x = nn.Dense(cfg.d_ff, dtype=cfg.dtype, name="wi", kernel_init=_init(_dense_init, "embed", "mlp"),
                  bias_init=_init(_zeros, "mlp"), dot_general=matmul(cfg))(x)
     x = constrain(ACTIVATION_FUNCTIONS[cfg.activation](x), "batch", "length", "act_mlp")
-    if cfg.activation_dropout and not self.deterministic:  # named, and built only when on: the
+    # Named, and built only when on: the other dropout layers keep their names, so their masks
+    # are a run's without it (as drop_words).
+    if cfg.activation_dropout and not self.deterministic:
       x = nn.Dropout(cfg.activation_dropout, name="activation_dropout")(x, deterministic=False)
-    # other dropout layers keep their names, so their masks are a run's without it (drop_words)
     return nn.Dense(cfg.d_model, dtype=cfg.dtype, name="wo", kernel_init=_init(_dense_init, "mlp", "embed"),
                     bias_init=_init(_zeros, "embed"), dot_general=matmul(cfg))(x)
 
