@@ -39,14 +39,14 @@ BUNDLED = "transformer/data/multi30k"
 LEVERS = [  # in the order they train: the likeliest to move BLEU first
     Variant("wu_tiny"),                                      # the reproduction: the first row
     Variant("steps16k", {"train.steps": 16000}),             # twice the training, same averaging
-    Variant("rdrop5", {"train.rdrop_alpha": 5.0,            # R-Drop at its paper's weight for
-                       "train.grad_accum_steps": 4}),       # small data (IWSLT'14), 4 micro-batches
-    Variant("fairseq_init", {"model.qkv_init_gain": 2 ** -0.5}),  # their fork's q/k/v init
     # sequence-level knowledge distillation: the teacher's translations as the training targets
     Variant("distilled", {"data.source": "files", "data.train_src": f"{BUNDLED}/train.en.gz",
                           "data.train_tgt": TEACHER_TARGETS, "data.eval_src": f"{BUNDLED}/val.en.gz",
                           "data.eval_tgt": f"{BUNDLED}/val.de.gz",
                           "data.vocab_file": TEACHER_VOCAB}),
+    Variant("rdrop5", {"train.rdrop_alpha": 5.0,            # R-Drop at its paper's weight for
+                       "train.grad_accum_steps": 4}),       # small data (IWSLT'14), 4 micro-batches
+    Variant("fairseq_init", {"model.qkv_init_gain": 2 ** -0.5}),  # their fork's q/k/v init
     Variant("rdrop1", {"train.rdrop_alpha": 1.0,            # R-Drop at Guo et al.'s weight (their
                        "train.grad_accum_steps": 4}),       # 0.5 KL of two passes)
     Variant("act_dropout", {"model.activation_dropout": 0.1}),  # the feed-forward's hidden units
