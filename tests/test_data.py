@@ -102,7 +102,10 @@ def test_a_given_vocabulary_is_the_runs_whatever_its_text(small_vocab, tmp_path,
   assert not (tmp_path / "cache").exists()
   (tmp_path / "notes.txt").write_text("not a model\n")
   (tmp_path / "run9").mkdir()
+  (tmp_path / "imported").mkdir()
+  (tmp_path / "imported" / "vocab.marian").write_bytes(b"")
   for given, message in ((tmp_path / "missing.model", "no such file"),
+                         (tmp_path / "imported", "imported Marian model's vocabulary"),
                          (tmp_path / "notes.txt", "is not a SentencePiece model")):
     data.vocab_file = str(given)
     with pytest.raises(sources.DataError, match=message):

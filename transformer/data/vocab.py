@@ -238,8 +238,8 @@ def given_vocab(data: ml_collections.ConfigDict) -> Path:
   one file share their vocabulary whatever text they train on, so they can be ensembled."""
   path = Path(data.vocab_file)
   if path.is_dir():
-    path = path / VOCAB_FILE
-  if path.suffix == ".marian" or (path.parent / MARIAN_VOCAB_FILE).is_file():
+    path = run_vocab_path(path)
+  if path.suffix == ".marian":
     raise DataError(f"config.data.vocab_file={data.vocab_file} is an imported Marian model's "
                     "vocabulary; start from that run with config.train.init_from instead")
   if not path.is_file():
