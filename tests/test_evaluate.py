@@ -368,6 +368,72 @@ def test_averaging_a_run_with_a_moving_average_averages_both(trained, tmp_path):
       np.testing.assert_allclose(g, (a + b) / 2, rtol=1e-6, atol=1e-7)
 
 
+def test_a_params_only_average_decodes_as_the_checkpoints_it_averages(trained, tmp_path):
+  """transformer-average --params_only: float32 keeps exactly the on-the-fly mean (both the raw
+  parameters and the moving average), and transformer-eval's translations of it are those of
+  --average_last on the checkpoints; float16 is that mean rounded to float16, read back as float32."""
+  from transformer.evaluation.average import average_checkpoints
+  _, trained_dir = trained
+  workdir = tmp_path / "run"
+  shutil.copytree(trained_dir, workdir)
+  assert average_checkpoints(str(workdir), 2, str(tmp_path / "kept"), params_only=True) == [3, 6]
+  assert not (tmp_path / "kept" / "checkpoints").exists()
+  kept, mean = load_run(tmp_path / "kept"), load_run(workdir, average_last=2)
+  assert kept.steps == [3, 6]
+  for ema in (False, True):
+    for k, m in zip(*(jax.tree.leaves(r.params(ema)) for r in (kept, mean))):
+      assert k.dtype == jnp.float32
+      np.testing.assert_array_equal(k, m)
+  assert average_checkpoints(str(workdir), 2, str(tmp_path / "half"), params_only=True,
+                             dtype="float16") == [3, 6]
+  half = load_run(tmp_path / "half", average_last=2, step=6)  # the grid's own flags are accepted
+  for h, m in zip(*(jax.tree.leaves(r.params()) for r in (half, mean))):
+    assert h.dtype == jnp.float32
+    np.testing.assert_array_equal(h, np.asarray(m).astype(np.float16).astype(np.float32))
+  assert (tmp_path / "half/params.msgpack").stat().st_size < 0.6 * (
+      tmp_path / "kept/params.msgpack").stat().st_size
+
+  on_the_fly = evaluate(str(workdir), average_last=2, beam_size=2)
+  from_kept = evaluate(str(tmp_path / "kept"), beam_size=2)
+  assert Path(from_kept["files"][0]).name == Path(on_the_fly["files"][0]).name  # "..._avg2..."
+  for a, b in zip(on_the_fly["files"], from_kept["files"]):
+    if a.endswith(".hyp.txt"):
+      assert Path(a).read_text() == Path(b).read_text()
+  assert from_kept["sacrebleu"]["bleu"] == on_the_fly["sacrebleu"]["bleu"]
+
+
+def test_a_params_only_workdir_refuses_what_it_does_not_hold(trained, tmp_path):
+  """Training state, another step, another averaging, a damaged file and another model's config
+  are each one clear error."""
+  from transformer.evaluation.average import average_checkpoints
+  from transformer.training.params_file import ParamsFileError
+  _, workdir = trained
+  kept = tmp_path / "kept"
+  average_checkpoints(str(workdir), 2, str(kept), params_only=True)
+  with pytest.raises(ParamsFileError, match="keeps only the parameters of step 6 .the mean of its "
+                     "last 2 checkpoints., no optimizer state"):
+    average_checkpoints(str(kept), 1, str(tmp_path / "again"))
+  with pytest.raises(ParamsFileError, match="not of step 3: drop --step"):
+    load_run(kept, step=3)
+  with pytest.raises(ParamsFileError, match="cannot average its last 3; drop --average_last"):
+    load_run(kept, average_last=3)
+  with pytest.raises(ConfigError, match="already holds a model; choose a new --output"):
+    average_checkpoints(str(workdir), 2, str(kept), params_only=True)
+  with pytest.raises(ConfigError, match="--dtype=float16 applies to --params_only"):
+    average_checkpoints(str(workdir), 2, str(tmp_path / "other"), dtype="float16")
+  assert not (tmp_path / "other").exists()
+  config = json.loads((kept / "config.json").read_text())
+  config["model"]["d_ff"] *= 2
+  (kept / "config.json").write_text(json.dumps(config))
+  with pytest.raises(ParamsFileError, match="holds the parameters of another model than its "
+                     "config.json describes .e.g. .*ffn"):
+    load_run(kept)
+  (kept / "params.msgpack").write_bytes(b"not msgpack at all")
+  with pytest.raises(ParamsFileError, match="params.msgpack cannot be read .*write it again with "
+                     "transformer-average --params_only"):
+    load_run(kept)
+
+
 @pytest.mark.slow
 def test_programs_keep_compiled_searches_in_the_persistent_cache(trained, tmp_path):
   """--compilation_cache: the first evaluation stores its compiled searches, a second one loads

@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import ml_collections
 import numpy as np
 import pytest
 import sacrebleu
-from helpers import REPO, tiny_run_config
+from helpers import REPO, run_cli, tiny_run_config
 
 from transformer import hardware, version
 from transformer.config import ConfigError, base_config
@@ -28,7 +29,7 @@ from transformer.metrics import MetricWriter, read_metrics
 from transformer.model import positions
 from transformer.sweeps import records, results, significance, test_sets
 from transformer.sweeps.grids import Grid, Variant, load_grid
-from transformer.sweeps.plan import check_averaging, plan, selected, variant_config
+from transformer.sweeps.plan import check_averaging, command_lines, plan, selected, variant_config
 from transformer.sweeps.run import base_arguments
 
 
@@ -159,6 +160,20 @@ def test_commands_carry_the_base_overrides_variant_and_seed(tmp_path):
                                    [*learned.evals["dev"].command, "--min_len=1"])
   assert shortest.evals["long"].command == [*learned.evals["long"].command, "--min_len=1"]
 
+
+
+def test_a_grid_that_keeps_models_plans_their_averaging_after_the_evaluations(tmp_path):
+  grid = Grid("g", [Variant("a")], average_last=10, keep_models="float16")
+  cfg = base_config()
+  cfg.train.keep_checkpoints = 10
+  (run,) = plan(grid, cfg, [], [0], tmp_path, {})
+  assert run.keep_model == ("transformer-average", f"--workdir={tmp_path}/a/seed0", "--last=10",
+                            f"--output={tmp_path}/a/seed0/model", "--params_only", "--dtype=float16")
+  assert command_lines([run])[0].endswith(" && " + shlex.join(run.keep_model))
+  assert plan(Grid("g", [Variant("a")]), cfg, [], [0], tmp_path, {})[0].keep_model == ()
+  with pytest.raises(ConfigError, match="keep_models is the dtype to keep the runs' parameters in, "
+                                        "'float16' or 'float32' .'' for none., got 'bf16'"):
+    Grid("g", [Variant("a")], keep_models="bf16")
 
 
 def test_only_runs_the_named_variants_and_the_first_row_they_are_compared_with(tmp_path):
@@ -366,6 +381,8 @@ def test_a_records_kept_runs_are_committed_while_workdirs_are_ignored():
     return status == 0
   assert ignored("runs/m30k/metrics.jsonl")
   assert not ignored("experiments/results/a_grid/runs/base/seed0/metrics.jsonl")
+  assert not ignored("experiments/results/a_grid/runs/base/seed0/model/params.msgpack")
+  assert not ignored("experiments/results/a_grid/runs/base/seed0/model/vocab.model")
 
 
 @pytest.mark.slow
@@ -551,6 +568,35 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   assert ("2 of 2 runs finished, 0 of them evaluated with these settings (a run whose last "
           "checkpoint is gone") in (root / "min_len2/results.md").read_text()
   assert not list(root.rglob("checkpoints"))
+
+
+@pytest.mark.slow
+def test_a_grid_keeps_its_runs_models_in_the_record_for_decoding_elsewhere(tmp_path):
+  """keep_models: each evaluated run's averaged parameters go into the record beside its results;
+  on a fresh checkout they come back with them, and transformer-eval of the kept model (the grid's
+  own --step and --average_last) translates as the run did."""
+  config = write_short_sentence_config(tmp_path)
+  grid = tmp_path / "kept.py"
+  grid.write_text("from transformer.sweeps.grids import Grid, Variant\n"
+                  "def get_grid():\n"
+                  "  return Grid('kept', [Variant('v')], average_last=2, keep_models='float32')\n")
+  root, record = tmp_path / "exp", tmp_path / "record"
+  common = [str(grid), f"--base={config}", "--seeds=1", f"--root={root}", f"--record={record}"]
+  done = run_experiment(*common)
+  assert done.returncode == 0, done.stderr
+  assert "v seed 0: keeping its parameters -> " in done.stderr
+  kept = record / "runs/v/seed0/model"
+  assert sorted(p.name for p in kept.iterdir()) == ["config.json", "params.msgpack", "vocab.model"]
+  shutil.rmtree(root)
+  fresh = run_experiment(*common)
+  assert fresh.returncode == 0, fresh.stderr
+  assert "Restored 1 finished runs" in fresh.stderr and "training to step" not in fresh.stderr
+  assert "keeping its parameters" not in fresh.stderr
+  decoded = run_cli("transformer.evaluation.evaluate", f"--workdir={root}/v/seed0/model",
+                    "--step=6", "--average_last=2", "--split=validation")
+  assert decoded.returncode == 0, decoded.stderr[-3000:]
+  name = "validation_step6_avg2.hyp.txt"
+  assert (root / "v/seed0/model/eval" / name).read_text() == (root / "v/seed0/eval" / name).read_text()
 
 
 def test_a_pairs_file_names_runs_of_the_grid_and_existing_base_runs(tmp_path):

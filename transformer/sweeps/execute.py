@@ -15,14 +15,17 @@ from pathlib import Path
 
 from transformer.metrics import METRICS_FILE, format_duration
 from transformer.sweeps import results
-from transformer.sweeps.plan import Run
+from transformer.sweeps.plan import KEPT_MODEL, Run
+from transformer.training import params_file
 
 log = logging.getLogger("transformer")
 
 
 # A finished run's results without its checkpoints (kilobytes, not gigabytes): what collecting the
-# tables reads from a workdir.
-KEPT_FILES = ("config.json", METRICS_FILE, "eval/*.json", "eval/*.hyp.txt")
+# tables reads from a workdir; and its kept model where the grid keeps one (megabytes: the
+# parameters, their config and vocabulary, not average.json, which names this machine's paths).
+KEPT_FILES = ("config.json", METRICS_FILE, "eval/*.json", "eval/*.hyp.txt",
+              f"{KEPT_MODEL}/config.json", f"{KEPT_MODEL}/vocab.*", f"{KEPT_MODEL}/{params_file.PARAMS_FILE}")
 
 
 def missing(run: Run) -> list[str]:
@@ -67,7 +70,9 @@ def restore_results(runs: list[Run], record: Path) -> int:
 
 # The console scripts the printed commands use, and the modules this Python runs for them (the same
 # programs, without depending on where pip put the scripts).
-PROGRAMS = {"transformer-train": "transformer.training.train", "transformer-eval": "transformer.evaluation.evaluate"}
+PROGRAMS = {"transformer-train": "transformer.training.train",
+            "transformer-eval": "transformer.evaluation.evaluate",
+            "transformer-average": "transformer.evaluation.average"}
 
 
 def execute(command: list[str], log_file: Path, env: dict[str, str] | None = None) -> int:
@@ -116,6 +121,8 @@ def run_one(prefix: str, run: Run, record: Path | None, env: dict[str, str] | No
                   ", ".join(e.report.name for e in todo))
     else:
       log.info("%s: evaluated already, skipping training and evaluation", prefix)
+    if done >= run.final_step and (why := keep_model(prefix, run, env)):
+      return why
     if record:
       keep_results(run, record)
     return None
@@ -143,8 +150,23 @@ def run_one(prefix: str, run: Run, record: Path | None, env: dict[str, str] | No
     if status != 0:
       return failed(f"{run.label}: {shlex.join(command)} exited with {status}; see "
                     f"{run.workdir / 'eval.log'}")
+  if why := keep_model(prefix, run, env):
+    return why
   if record:
     keep_results(run, record)
+  return None
+
+
+def keep_model(prefix: str, run: Run, env: dict[str, str] | None) -> str | None:
+  """Writes the run's kept model (its evaluated parameters) if the grid keeps one and it is not
+  there yet; returns why that failed, or None."""
+  if not run.keep_model or params_file.holds_params(run.workdir / KEPT_MODEL):
+    return None
+  log.info("%s: keeping its parameters -> %s", prefix, run.workdir / KEPT_MODEL)
+  status = execute(list(run.keep_model), run.workdir / "eval.log", env)
+  if status != 0:
+    return failed(f"{run.label}: {shlex.join(run.keep_model)} exited with {status}; see "
+                  f"{run.workdir / 'eval.log'}")
   return None
 
 

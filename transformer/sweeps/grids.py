@@ -44,6 +44,9 @@ class Grid:
   variant must keep (train.keep_checkpoints). `select_on`: the set a grid that chooses a recipe
   chooses on ('dev', or one of `test_sets`, which are made from the validation split); the
   held-out test sets (`--test_dir`) are scored for the final candidates, never chosen on.
+  `keep_models`: a dtype ('float16' or 'float32') to keep each evaluated run's parameters (the
+  mean that was scored) in its workdir's model/ folder and in the record, so that runs trained on
+  different machines can be ensembled or decoded again later; '' keeps results only.
   """
   name: str
   variants: Sequence[Variant]
@@ -51,6 +54,7 @@ class Grid:
   by_length: bool = False
   average_last: int = 1
   select_on: str = ""
+  keep_models: str = ""
 
   def __post_init__(self):
     names = [v.name for v in self.variants]
@@ -67,6 +71,10 @@ class Grid:
                         "validation set: a recipe is chosen on the validation set only "
                         f"(select_on='dev'{''.join(f', {t!r}' for t in self.test_sets)}); the "
                         "held-out test sets are scored once for each final candidate")
+    if self.keep_models and self.keep_models not in ("float16", "float32"):
+      raise ConfigError(f"grid {self.name!r}: keep_models is the dtype to keep the runs' "
+                        f"parameters in, 'float16' or 'float32' ('' for none), got "
+                        f"{self.keep_models!r}")
     if not isinstance(self.average_last, int) or self.average_last < 1:
       raise ConfigError(f"grid {self.name!r}: average_last must be a positive number of "
                         f"checkpoints, got {self.average_last!r}")

@@ -16,6 +16,10 @@ from transformer.evaluation import evaluate
 from transformer.sweeps.grids import Grid, Variant
 from transformer.training import early_stop
 
+# A run's parameters as evaluated, kept for later decoding (Grid.keep_models): a params-only workdir
+# inside the run's (transformer-average --params_only).
+KEPT_MODEL = "model"
+
 
 class Evaluation(NamedTuple):
   """One transformer-eval command and the reports it writes: the raw parameters' and, where the run
@@ -44,6 +48,7 @@ class Run:
   # Evaluations for another table (--also_min_len), made while the checkpoints exist; a run
   # restored without them is finished all the same.
   extra: tuple[Evaluation, ...] = ()
+  keep_model: tuple[str, ...] = ()  # the command that writes KEPT_MODEL (Grid.keep_models)
 
   @property
   def label(self) -> str:
@@ -133,7 +138,10 @@ def plan(grid: Grid, base: ml_collections.ConfigDict, base_args: list[str], seed
                                  [f"--source_file={files['source_file']}",
                                   f"--reference_file={files['reference_file']}", *search],
                                  shortest, grid.average_last)
-      runs.append(Run(variant, seed, workdir, cfg, train, evals))
+      keep = (("transformer-average", f"--workdir={workdir}", f"--last={grid.average_last}",
+               f"--output={workdir / KEPT_MODEL}", "--params_only", f"--dtype={grid.keep_models}")
+              if grid.keep_models else ())
+      runs.append(Run(variant, seed, workdir, cfg, train, evals, keep_model=keep))
   return runs
 
 
@@ -159,7 +167,8 @@ def with_extra(runs: list[Run], other: list[Run]) -> list[Run]:
 
 
 def command_lines(runs: list[Run], line: Callable[[list[str]], str] = shlex.join) -> list[str]:
-  """One shell line per run: its training, then its evaluations (each command made a shell line
-  by `line`, e.g. slurm.srun)."""
-  return [" && ".join(line(c) for c in [run.train] + [e.command for e in run.evals.values()])
+  """One shell line per run: its training, then its evaluations and the keeping of its model (each
+  command made a shell line by `line`, e.g. slurm.srun)."""
+  return [" && ".join(line(list(c)) for c in [run.train, *(e.command for e in run.evals.values()),
+                                              *([run.keep_model] if run.keep_model else [])])
           for run in runs]

@@ -4,7 +4,8 @@ transformer-eval, -translate, -attention and -average (and the experiments' scri
 `load_run`, so a workdir is read the same way everywhere: config.json once (with defaults for keys
 added since it was written), vocab.model checked against it, and the checkpoint restored into the
 train state's shapes on this host's devices — or the mean of the last `average_last` checkpoints,
-restored one at a time into a running sum.
+restored one at a time into a running sum, or the parameters a params-only workdir keeps
+(params_file.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from transformer import partitioning
 from transformer.data import vocab as vocab_lib
 from transformer.errors import ConfigError
 from transformer.model.transformer import ModelConfig, Transformer
-from transformer.training import checkpoints
+from transformer.training import checkpoints, params_file
 from transformer.training.step import abstract_train_state
 
 log = logging.getLogger("transformer")
@@ -57,6 +58,9 @@ def load_run(workdir: str | Path, step: int | None = None, average_last: int = 1
   vocab = vocab_lib.load_run_vocab(workdir, cfg.data)
   model = Transformer(ModelConfig.from_config(cfg.model, vocab.get_piece_size()))
   abstract = abstract_train_state(cfg, model, partitioning.replicated(partitioning.data_mesh()))
+  if params_file.holds_params(workdir):
+    raw, ema, steps = _kept_params(workdir, abstract.params, step, average_last, with_state)
+    return LoadedRun(workdir, cfg, vocab, model, raw, ema, steps)
   pick = lambda state: (state.params, getattr(state, "ema_params", None))
   with contextlib.closing(checkpoints.manager(workdir, read_only=True)) as mngr:
     if average_last == 1:
@@ -72,6 +76,24 @@ def load_run(workdir: str | Path, step: int | None = None, average_last: int = 1
                            if with_state else (None, None))
   return LoadedRun(workdir, cfg, vocab, model, raw, ema, steps,
                    state if with_state else None, data_state if with_state else None)
+
+
+def _kept_params(workdir: Path, abstract_params: Any, step: int | None, average_last: int,
+                 with_state: bool) -> tuple[Any, Any | None, list[int]]:
+  """A params-only workdir's parameters, if they are what was asked for: its one step (or none
+  named), and no averaging or the averaging they hold."""
+  raw, ema, steps = params_file.read(workdir, abstract_params)
+  held = (f"{workdir} keeps only the parameters of step {steps[-1]}"
+          f"{f' (the mean of its last {len(steps)} checkpoints)' if len(steps) > 1 else ''}")
+  if with_state:
+    raise params_file.ParamsFileError(f"{held}, no optimizer state: it can be evaluated, "
+                                      "translated with or exported, not trained or averaged again")
+  if step is not None and step != steps[-1]:
+    raise params_file.ParamsFileError(f"{held}, not of step {step}: drop --step")
+  if average_last not in (1, len(steps)):
+    raise params_file.ParamsFileError(f"{held}: it cannot average its last {average_last}; drop "
+                                      "--average_last")
+  return raw, ema, steps
 
 
 def load_runs(workdirs: Sequence[str | Path], step: int | None = None,
