@@ -14,10 +14,15 @@ continues the reproduction's seed 0 from its step-8,000 checkpoint (the schedule
 is the same run as one trained to 16,000): experiments/recipes/multi30k_literature.sh does both and
 runs this grid after the reproduction's. `distilled` is sequence-level knowledge distillation (Kim
 and Rush, 2016): the same model trained on the training sources paired with their translations by
-the reproduction's three seeds ensembled, which the same script makes first (~15 minutes); its
-budget counts the teacher's three runs.
+the reproduction's three seeds ensembled, which the same script makes first (~15 minutes) where
+their checkpoints are; its budget counts the teacher's three runs.
 
 `vocab5k` learns its own vocabulary, so it cannot join the others' ensembles (they share one).
+
+Every run's scored parameters (the mean of its last 10 checkpoints, in float16: 5 MB) are kept in
+the record beside its results (`keep_models`), so that runs trained on different machines and days
+can be ensembled: `transformer-eval --workdir=experiments/results/multi30k_levers/runs/A/seed0/model
+--ensemble=.../B/seed0/model`.
 
 A run is ~2.5 hours of the 2-core CPU alone (R-Drop in four micro-batches ~2.4x that, measured in
 experiments/results/cpu/rdrop_speed/, its batches' rows a multiple of 4, which moves a bucket's
@@ -36,29 +41,31 @@ TEACHER_TARGETS = "runs/experiments/multi30k_levers/teacher/train.de"
 TEACHER_VOCAB = "runs/experiments/multi30k_wu_tiny/wu_tiny/seed0/vocab.model"
 BUNDLED = "transformer/data/multi30k"
 
-LEVERS = [  # in the order they train: the likeliest to move BLEU first
+LEVERS = [  # in the order they train: those a machine finishes in ~2.5 hours first
     Variant("wu_tiny"),                                      # the reproduction: the first row
-    Variant("steps16k", {"train.steps": 16000}),             # twice the training, same averaging
+    Variant("fairseq_init", {"model.qkv_init_gain": 2 ** -0.5}),  # their fork's q/k/v init
+    Variant("act_dropout", {"model.activation_dropout": 0.1}),  # the feed-forward's hidden units
+    Variant("word_dropout", {"model.word_dropout": 0.1}),    # whole tokens (Sennrich and Zhang)
+    Variant("attn_dropout", {"model.attention_dropout": 0.1}),
+    Variant("smooth2", {"train.label_smoothing": 0.2}),
+    Variant("rotary", {"model.positional": "rotary"}),       # led within the training lengths
+    Variant("bpe_dropout", {"data.subword_dropout": 0.1}),   # subword regularisation
+    Variant("vocab5k", {"data.vocab_size": 5000}),           # fewer subwords for small data
     # sequence-level knowledge distillation: the teacher's translations as the training targets
     Variant("distilled", {"data.source": "files", "data.train_src": f"{BUNDLED}/train.en.gz",
                           "data.train_tgt": TEACHER_TARGETS, "data.eval_src": f"{BUNDLED}/val.en.gz",
                           "data.eval_tgt": f"{BUNDLED}/val.de.gz",
                           "data.vocab_file": TEACHER_VOCAB}),
+    # Longer than one sitting of the 2-core machine (~5-6 CPU-hours each): they need a machine
+    # that keeps its runs folder until they finish.
+    Variant("steps16k", {"train.steps": 16000}),             # twice the training, same averaging
     Variant("rdrop5", {"train.rdrop_alpha": 5.0,            # R-Drop at its paper's weight for
                        "train.grad_accum_steps": 4}),       # small data (IWSLT'14), 4 micro-batches
-    Variant("fairseq_init", {"model.qkv_init_gain": 2 ** -0.5}),  # their fork's q/k/v init
     Variant("rdrop1", {"train.rdrop_alpha": 1.0,            # R-Drop at Guo et al.'s weight (their
                        "train.grad_accum_steps": 4}),       # 0.5 KL of two passes)
-    Variant("act_dropout", {"model.activation_dropout": 0.1}),  # the feed-forward's hidden units
-    Variant("word_dropout", {"model.word_dropout": 0.1}),    # whole tokens (Sennrich and Zhang)
-    Variant("vocab5k", {"data.vocab_size": 5000}),           # fewer subwords for small data
-    Variant("bpe_dropout", {"data.subword_dropout": 0.1}),   # subword regularisation
-    Variant("attn_dropout", {"model.attention_dropout": 0.1}),
-    Variant("smooth2", {"train.label_smoothing": 0.2}),
-    Variant("rotary", {"model.positional": "rotary"}),       # led within the training lengths
     Variant("deep6", {"model.num_layers": 6}),               # shape: 6 + 6 layers of d_model 128
 ]
 
 
 def get_grid():
-  return Grid("multi30k_levers", LEVERS, average_last=10, select_on="dev")
+  return Grid("multi30k_levers", LEVERS, average_last=10, select_on="dev", keep_models="float16")

@@ -12,7 +12,7 @@
 # so training to 8,000 and on to 16,000 is the same run as training to 16,000; the grid continues a
 # run whose stored train.steps is below the planned ones). The levers' `distilled` trains on the
 # training sources' translations by the reproduction's three seeds ensembled (each the mean of its
-# last 10 checkpoints, the config's search), made here once.
+# last 10 checkpoints, the config's search), made here once where their checkpoints are.
 set -euo pipefail
 test_dir=${1:?"pass the folder of Multi30k's test sets (test_2016_flickr.en.gz, ...; see docs/experiments.md)"}
 root=runs/experiments
@@ -32,8 +32,11 @@ if [[ ! -e $longer && -e $root/multi30k_wu_tiny/wu_tiny/seed0/checkpoints/8000 ]
   rm -rf "$longer/eval" "$longer/eval.log"
 fi
 targets=$(python -c 'from experiments.recipes.multi30k_levers import TEACHER_TARGETS as t; print(t)')
-if [[ ! -s $targets ]]; then
-  seeds=$root/multi30k_wu_tiny/wu_tiny
+seeds=$root/multi30k_wu_tiny/wu_tiny
+if [[ ! -s $targets && ! -d $seeds/seed2/checkpoints ]]; then
+  echo "the teacher's checkpoints ($seeds/seed*/checkpoints) are not on this machine: distilled" \
+       "waits (its run fails, the others train) until they are" >&2
+elif [[ ! -s $targets ]]; then
   mkdir -p "$(dirname "$targets")"
   transformer-translate --workdir=$seeds/seed0 --ensemble=$seeds/seed1,$seeds/seed2 \
     --average_last=10 --input_file=transformer/data/multi30k/train.en.gz \
