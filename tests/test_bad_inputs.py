@@ -91,6 +91,11 @@ def write_lines(path, lines, raw_line=None):
   Path(path).write_bytes(data)
 
 
+def keep_params(tmp, run):
+  from transformer.evaluation.average import average_checkpoints
+  average_checkpoints(str(run), 2, str(tmp / "kept"), params_only=True)
+
+
 def damage_all_checkpoints(tmp, run):
   copy_run(tmp, run)
   for step in ("3", "6"):
@@ -321,6 +326,14 @@ CASES = {
         "evaluation.evaluate", ("--workdir={tmp}/copy", "--step=6"),
         "checkpoint 6 in {tmp}/copy/checkpoints cannot be restored: a metadata file is damaged "
         "(not valid JSON", prepare=break_metadata),
+    "training on a params-only workdir": Case(
+        "training.train", ("--workdir={tmp}/kept",),
+        "--workdir={tmp}/kept keeps a model's parameters only (transformer-average --params_only), "
+        "no optimizer state to resume", True, prepare=keep_params),
+    "evaluating a params-only workdir at another step": Case(
+        "evaluation.evaluate", ("--workdir={tmp}/kept", "--step=3"),
+        "{tmp}/kept keeps only the parameters of step 6 (the mean of its last 2 checkpoints), not "
+        "of step 3: drop --step", prepare=keep_params),
     "averaging more checkpoints than exist": Case(
         "evaluation.average", ("--workdir={run}", "--last=3", "--output={new}"),
         "cannot average the last 3 checkpoints: {run}/checkpoints has 2 (steps 3, 6)"),

@@ -55,7 +55,15 @@ from transformer.files import writable_directory
 from transformer.hardware import table_peak
 from transformer.metrics import CompileClock, MetricWriter, format_duration
 from transformer.model.transformer import ModelConfig, Transformer
-from transformer.training import checkpoints, compiled, early_stop, feed, init_from, preemption
+from transformer.training import (
+    checkpoints,
+    compiled,
+    early_stop,
+    feed,
+    init_from,
+    params_file,
+    preemption,
+)
 from transformer.training import nonfinite as faults
 from transformer.training.step import (
   EmaTrainState,
@@ -193,6 +201,11 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str,
   if workdir.exists() and not workdir.is_dir():
     raise UserError(f"--workdir={workdir} is a file, not a directory: pass a new directory (or "
                     "the workdir of the run to continue)")
+  if params_file.holds_params(workdir):
+    raise params_file.ParamsFileError(
+        f"--workdir={workdir} keeps a model's parameters only (transformer-average "
+        "--params_only), no optimizer state to resume: train in a new --workdir, starting from "
+        f"them with --config.train.init_from={workdir} if you wish")
   changed = checkpoints.check_run_config(workdir, cfg, allow_config_change)
   with _undone_if_failed(workdir):
     run = start_run(cfg, workdir, allow_config_change)
