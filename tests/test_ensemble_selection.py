@@ -51,7 +51,7 @@ def test_the_scorer_decodes_each_ensemble_once_and_a_copy_adds_nothing(two_step_
   runs = load_runs([two_step_run, copy])
   reports = tmp_path / "reports"
   reports.mkdir()
-  score = ensemble_selection.validation_scorer(runs, str(reports), {"beam_size": 2})
+  score = ensemble_selection.validation_scorer(runs, str(reports), {"beam_size": 1})
   rounds = ensemble_selection.forward_selection(2, score)
   assert rounds[0]["tried"][0] == rounds[0]["tried"][1]
   assert [(r["chosen"], r["members"]) for r in rounds] == [(0, (0,)), (None, (0,))]
