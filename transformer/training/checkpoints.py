@@ -227,7 +227,7 @@ def _available_steps(mngr: ocp.CheckpointManager, step: int | None) -> list[int]
   return [step] if step is not None else steps
 
 
-def _arrays(tree: Any) -> dict[str, tuple[int, ...]]:
+def array_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
   """'params/decoder/layer_0/ffn/wi/kernel' -> shape, for every array of a (saved or abstract) state."""
   name = lambda key: str(next(getattr(key, a) for a in ("key", "name", "idx") if hasattr(key, a)))
   return {"/".join(map(name, path)): tuple(getattr(leaf, "shape", ()))
@@ -240,7 +240,7 @@ def _mismatch(mngr: ocp.CheckpointManager, step: int, abstract_state: Any) -> st
   saved = mngr.item_metadata(step)["state"]
   if saved is None:
     raise FileNotFoundError(f"checkpoint {step} has no train state")
-  saved, wanted = _arrays(getattr(saved, "tree", saved)), _arrays(abstract_state)
+  saved, wanted = array_shapes(getattr(saved, "tree", saved)), array_shapes(abstract_state)
   missing, unexpected = sorted(set(wanted) - set(saved)), sorted(set(saved) - set(wanted))
   if missing or unexpected:
     return (f"{len(missing)} arrays of this model missing, {len(unexpected)} others present, "

@@ -23,6 +23,7 @@ from flax import serialization
 
 from transformer.errors import UserError
 from transformer.files import write_atomically
+from transformer.training import checkpoints
 
 PARAMS_FILE = "params.msgpack"
 DTYPES = ("float32", "float16")
@@ -49,14 +50,6 @@ def holds_params(workdir: str | Path) -> bool:
   return (Path(workdir) / PARAMS_FILE).is_file()
 
 
-def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
-  flat = serialization.to_state_dict(tree)
-  out = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(flat)[0]:
-    out["/".join(str(getattr(k, "key", k)) for k in path)] = tuple(np.shape(leaf))
-  return out
-
-
 def read(workdir: str | Path, abstract_params: Any) -> tuple[Any, Any | None, list[int]]:
   """(parameters, their moving average or None, averaged steps), as float32 arrays placed as
   `abstract_params` (the train state's params, shapes and shardings) says."""
@@ -67,7 +60,7 @@ def read(workdir: str | Path, abstract_params: Any) -> tuple[Any, Any | None, li
   except Exception as e:  # noqa: BLE001  msgpack raises many kinds on a damaged file
     raise ParamsFileError(f"{path} cannot be read ({type(e).__name__}: {e}); copy an intact one "
                           "back, or write it again with transformer-average --params_only") from None
-  wanted, have = _shapes(abstract_params), _shapes(stored)
+  wanted, have = checkpoints.array_shapes(abstract_params), checkpoints.array_shapes(stored)
   if wanted != have:
     differ = sorted(set(wanted) ^ set(have)) or [k for k in wanted if wanted[k] != have[k]]
     raise ParamsFileError(f"{path} holds the parameters of another model than its config.json "
