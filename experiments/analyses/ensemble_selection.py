@@ -70,6 +70,15 @@ def validation_scorer(runs: Sequence[LoadedRun], report_dir: str, search: dict
   return score
 
 
+def select(workdirs: Sequence[str], average_last: int = 1, max_members: int | None = None,
+           search: dict | None = None) -> list[dict]:
+  """Forward selection among the runs in `workdirs` on their validation split (the rounds, as
+  forward_selection's; the last one's 'members' is the ensemble)."""
+  runs = load_runs(workdirs, None, average_last)  # one vocabulary, or a clear error
+  with TemporaryDirectory() as reports:
+    return forward_selection(len(runs), validation_scorer(runs, reports, search or {}), max_members)
+
+
 def table(names: Sequence[str], rounds: Sequence[dict]) -> str:
   """Markdown: a row per round, every candidate's score, the one chosen and the ensemble's."""
   lines = ["| round | " + " | ".join(f"`{n}`" for n in names) + " | chosen | validation sacreBLEU |",
@@ -88,11 +97,7 @@ def main(argv: list[str]) -> None:
     raise ConfigError("usage: python -m experiments.analyses.ensemble_selection RUN RUN [RUN ...]: "
                       "at least two runs to choose among")
   start = time.time()
-  runs = load_runs(workdirs, None, FLAGS.average_last)  # one vocabulary, or a clear error
-  with TemporaryDirectory() as reports:
-    rounds = forward_selection(len(runs), validation_scorer(runs, reports,
-                                                            translator.search_overrides()),
-                               FLAGS.max_members)
+  rounds = select(workdirs, FLAGS.average_last, FLAGS.max_members, translator.search_overrides())
   members = rounds[-1]["members"]
   chosen = ",".join(workdirs[i] for i in members)
   text = (f"# Ensemble chosen on validation\n\n{table(workdirs, rounds)}\n"

@@ -14,8 +14,9 @@ continues the reproduction's seed 0 from its step-8,000 checkpoint (the schedule
 is the same run as one trained to 16,000): experiments/recipes/multi30k_literature.sh does both and
 runs this grid after the reproduction's. `distilled` is sequence-level knowledge distillation (Kim
 and Rush, 2016): the same model trained on the training sources paired with their translations by
-the reproduction's three seeds ensembled, which the same script makes first (~15 minutes) where
-their checkpoints are; its budget counts the teacher's three runs.
+an ensemble of the runs trained before it (TEACHER_POOL), chosen on validation and made by
+experiments/recipes/multi30k_teacher.py, which the same script runs first; its budget counts the
+teacher's runs and its translating.
 
 `vocab5k` learns its own vocabulary, so it cannot join the others' ensembles (they share one).
 
@@ -33,12 +34,15 @@ where it stopped. Variants whose difference is under the seeds' spread get more 
 
 from transformer.sweeps.grids import Grid, Variant
 
-# The reproduction's three seeds ensembled (each the mean of its last 10 checkpoints, beam 5)
-# translate the training sources; multi30k_literature.sh writes this file before the grid starts.
-TEACHER_TARGETS = "runs/experiments/multi30k_levers/teacher/train.de"
-# The teacher's vocabulary, which the students keep (data.vocab_file), so that they can join the
-# reproduction's seeds in an ensemble.
-TEACHER_VOCAB = "runs/experiments/multi30k_wu_tiny/wu_tiny/seed0/vocab.model"
+LEVERS_RECORD = "experiments/results/multi30k_levers"
+# The distillation teacher: an ensemble of these runs' kept models, chosen on validation, whose
+# translations of the training sources experiments/recipes/multi30k_teacher.py writes in its record.
+TEACHER_POOL = ("fairseq_init", "act_dropout", "word_dropout")
+TEACHER_DIR = f"{LEVERS_RECORD}/teacher"
+TEACHER_TARGETS = f"{TEACHER_DIR}/train.de.gz"
+# The teacher's vocabulary (the pool's runs share one), which the student keeps (data.vocab_file),
+# so that it can join the teacher's runs in an ensemble.
+TEACHER_VOCAB = f"{LEVERS_RECORD}/runs/{TEACHER_POOL[0]}/seed0/model/vocab.model"
 BUNDLED = "transformer/data/multi30k"
 
 LEVERS = [  # in the order they train: those a machine finishes in ~2.5 hours first
@@ -46,16 +50,16 @@ LEVERS = [  # in the order they train: those a machine finishes in ~2.5 hours fi
     Variant("fairseq_init", {"model.qkv_init_gain": 2 ** -0.5}),  # their fork's q/k/v init
     Variant("act_dropout", {"model.activation_dropout": 0.1}),  # the feed-forward's hidden units
     Variant("word_dropout", {"model.word_dropout": 0.1}),    # whole tokens (Sennrich and Zhang)
-    Variant("attn_dropout", {"model.attention_dropout": 0.1}),
-    Variant("smooth2", {"train.label_smoothing": 0.2}),
-    Variant("rotary", {"model.positional": "rotary"}),       # led within the training lengths
-    Variant("bpe_dropout", {"data.subword_dropout": 0.1}),   # subword regularisation
-    Variant("vocab5k", {"data.vocab_size": 5000}),           # fewer subwords for small data
     # sequence-level knowledge distillation: the teacher's translations as the training targets
     Variant("distilled", {"data.source": "files", "data.train_src": f"{BUNDLED}/train.en.gz",
                           "data.train_tgt": TEACHER_TARGETS, "data.eval_src": f"{BUNDLED}/val.en.gz",
                           "data.eval_tgt": f"{BUNDLED}/val.de.gz",
                           "data.vocab_file": TEACHER_VOCAB}),
+    Variant("attn_dropout", {"model.attention_dropout": 0.1}),
+    Variant("smooth2", {"train.label_smoothing": 0.2}),
+    Variant("rotary", {"model.positional": "rotary"}),       # led within the training lengths
+    Variant("bpe_dropout", {"data.subword_dropout": 0.1}),   # subword regularisation
+    Variant("vocab5k", {"data.vocab_size": 5000}),           # fewer subwords for small data
     # Longer than one sitting of the 2-core machine (~5-6 CPU-hours each): they need a machine
     # that keeps its runs folder until they finish.
     Variant("steps16k", {"train.steps": 16000}),             # twice the training, same averaging

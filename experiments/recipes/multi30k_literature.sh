@@ -11,8 +11,8 @@
 # that run continued from its step-8,000 checkpoint (the inverse square root schedule has no end,
 # so training to 8,000 and on to 16,000 is the same run as training to 16,000; the grid continues a
 # run whose stored train.steps is below the planned ones). The levers' `distilled` trains on the
-# training sources' translations by the reproduction's three seeds ensembled (each the mean of its
-# last 10 checkpoints, the config's search), made here once where their checkpoints are.
+# training sources' translations by an ensemble of the levers trained before it, chosen on
+# validation and made once (experiments/recipes/multi30k_teacher.py) after they have trained.
 set -euo pipefail
 test_dir=${1:?"pass the folder of Multi30k's test sets (test_2016_flickr.en.gz, ...; see docs/experiments.md)"}
 root=runs/experiments
@@ -31,17 +31,10 @@ if [[ ! -e $longer && -e $root/multi30k_wu_tiny/wu_tiny/seed0/checkpoints/8000 ]
   cp -r $root/multi30k_wu_tiny/wu_tiny/seed0 "$longer"
   rm -rf "$longer/eval" "$longer/eval.log"
 fi
-targets=$(python -c 'from experiments.recipes.multi30k_levers import TEACHER_TARGETS as t; print(t)')
-seeds=$root/multi30k_wu_tiny/wu_tiny
-if [[ ! -s $targets && ! -d $seeds/seed2/checkpoints ]]; then
-  echo "the teacher's checkpoints ($seeds/seed*/checkpoints) are not on this machine: distilled" \
-       "waits (its run fails, the others train) until they are" >&2
-elif [[ ! -s $targets ]]; then
-  mkdir -p "$(dirname "$targets")"
-  transformer-translate --workdir=$seeds/seed0 --ensemble=$seeds/seed1,$seeds/seed2 \
-    --average_last=10 --input_file=transformer/data/multi30k/train.en.gz \
-    --output_file="$targets.partial" --progress=lines
-  mv "$targets.partial" "$targets"
-fi
-transformer-experiment experiments/recipes/multi30k_levers.py --base=configs/multi30k_tiny.py \
-  --seeds=1 --root=$root/multi30k_levers --record=experiments/results/multi30k_levers "${@:2}"
+levers=(transformer-experiment experiments/recipes/multi30k_levers.py --base=configs/multi30k_tiny.py
+        --seeds=1 --root=$root/multi30k_levers --record=experiments/results/multi30k_levers "${@:2}")
+# The teacher's runs first, then the teacher (distilled's targets), then the rest of the levers.
+"${levers[@]}" --only="$(python -c 'from experiments.recipes.multi30k_levers import TEACHER_POOL as p
+print(",".join(p))')" || echo "a run of the teacher's failed (above): the teacher waits, the other levers go on" >&2
+python -m experiments.recipes.multi30k_teacher
+"${levers[@]}"

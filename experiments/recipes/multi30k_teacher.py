@@ -1,0 +1,89 @@
+"""The teacher of multi30k_levers' `distilled`: an ensemble of the grid's kept runs, chosen on validation.
+
+    python -m experiments.recipes.multi30k_teacher
+
+Sequence-level knowledge distillation (Kim and Rush, 2016) trains the student on the training
+sources paired with the teacher's translations. The teacher is made of the runs the levers grid
+trains before `distilled` (TEACHER_POOL, their kept models in the record, so that it can be made on
+any machine): greedy forward selection on the validation set (experiments/analyses/
+ensemble_selection.py) chooses the ensemble, which translates the training sources with the runs'
+search (beam 5). Its record (TEACHER_DIR) holds the selection's table and the translations,
+gzipped (TEACHER_TARGETS, which the student's config reads), so the teacher is made once.
+
+Until every run of the pool is kept it says which are missing and makes nothing (the grid's
+`distilled` then fails alone and the other variants train); once the translations exist it makes
+nothing either. experiments/recipes/multi30k_literature.sh runs it before the levers grid.
+"""
+
+from __future__ import annotations
+
+import gzip
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from experiments.analyses import ensemble_selection
+from experiments.recipes.multi30k_levers import (
+  BUNDLED,
+  LEVERS_RECORD,
+  TEACHER_DIR,
+  TEACHER_POOL,
+  TEACHER_TARGETS,
+)
+from transformer.cli import run_program
+from transformer.sweeps import records
+
+
+def pool_models(record: Path = Path(LEVERS_RECORD)) -> tuple[list[str], list[str]]:
+  """(the pool's kept models in `record`, the pool's variants that have none yet)."""
+  models = [record / "runs" / name / "seed0" / "model" for name in TEACHER_POOL]
+  kept = [str(m) for m in models if (m / "params.msgpack").is_file()]
+  missing = [name for name, m in zip(TEACHER_POOL, models) if not (m / "params.msgpack").is_file()]
+  return kept, missing
+
+
+def translate(members: list[str], source: str, target: Path) -> None:
+  """The ensemble's translations of `source` (transformer-translate), gzipped into `target`
+  reproducibly (no time stamp), written whole or not at all."""
+  partial = target.parent / (target.name + ".partial")
+  command = [sys.executable, "-m", "transformer.evaluation.translate", f"--workdir={members[0]}",
+             f"--input_file={source}",
+             f"--output_file={partial}", "--progress=lines"]
+  if len(members) > 1:
+    command.append("--ensemble=" + ",".join(members[1:]))
+  print(shlex.join(command), flush=True)
+  subprocess.run(command, check=True)
+  with open(partial, "rb") as text, gzip.GzipFile(target, "wb", mtime=0) as packed:
+    packed.write(text.read())
+  partial.unlink()
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  target = Path(TEACHER_TARGETS)
+  if target.is_file():
+    print(f"The teacher's translations are made already: {target}")
+    return
+  kept, missing = pool_models()
+  if missing:
+    print(f"The teacher waits for the kept models of {', '.join(missing)} (the levers grid trains "
+          f"them before distilled); distilled fails alone until then.")
+    return
+  start = time.time()
+  rounds = ensemble_selection.select(kept)
+  members = [kept[i] for i in rounds[-1]["members"]]
+  target.parent.mkdir(parents=True, exist_ok=True)
+  translate(members, f"{BUNDLED}/train.en.gz", target)
+  text = (f"# The distillation teacher, chosen on validation\n\n"
+          f"{ensemble_selection.table(kept, rounds)}\n"
+          f"Chosen: {', '.join(members)}. They translated `{BUNDLED}/train.en.gz` (their search: "
+          f"beam 5) into `{target.name}`, the targets of the levers grid's `distilled`.\n")
+  records.record_table(text, TEACHER_DIR, "Multi30k distillation teacher", time.time() - start,
+                       "experiments.recipes.multi30k_teacher")
+  print(text)
+
+
+if __name__ == "__main__":
+  run_program("experiments.recipes.multi30k_teacher", main)

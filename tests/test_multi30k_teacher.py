@@ -1,0 +1,65 @@
+"""The distillation teacher of the Multi30k levers: it waits for its pool, is made once, and its
+gzipped translations are the ensemble's, reproducibly packed."""
+
+import gzip
+
+from experiments.recipes import multi30k_levers, multi30k_teacher
+from transformer.data import pretokenize
+from transformer.decoding import translator
+from transformer.training.workdir import load_runs
+
+
+def keep(record, name):
+  model = record / "runs" / name / "seed0" / "model"
+  model.mkdir(parents=True)
+  (model / "params.msgpack").write_bytes(b"kept")
+  return model
+
+
+def test_the_teacher_waits_for_its_pool_and_names_what_is_missing(tmp_path, monkeypatch, capsys):
+  record = tmp_path / multi30k_levers.LEVERS_RECORD
+  first = keep(record, multi30k_levers.TEACHER_POOL[0])
+  kept, missing = multi30k_teacher.pool_models(record)
+  assert kept == [str(first)] and missing == list(multi30k_levers.TEACHER_POOL[1:])
+  monkeypatch.chdir(tmp_path)
+  multi30k_teacher.main(["multi30k_teacher"])
+  assert f"waits for the kept models of {', '.join(missing)}" in capsys.readouterr().out
+  assert not (tmp_path / multi30k_levers.TEACHER_DIR).exists()
+
+
+def test_translations_made_already_are_left_alone(tmp_path, monkeypatch, capsys):
+  monkeypatch.chdir(tmp_path)
+  targets = tmp_path / multi30k_levers.TEACHER_TARGETS
+  targets.parent.mkdir(parents=True)
+  targets.write_bytes(b"made")
+  multi30k_teacher.main(["multi30k_teacher"])
+  assert "made already" in capsys.readouterr().out and targets.read_bytes() == b"made"
+
+
+def test_the_targets_are_the_ensembles_translations_gzipped_without_a_time_stamp(two_step_run,
+                                                                                tmp_path):
+  """A run ensembled with itself translates as the run alone (the same distributions averaged):
+  the file holds the run's own translations, in order, and packs alike every time."""
+  sentences = ["A dog runs.", "Two men play football in a park.", "A woman reads."]
+  source = tmp_path / "train.en"
+  source.write_text("\n".join(sentences) + "\n")
+  target = tmp_path / "teacher" / "train.de.gz"
+  target.parent.mkdir()
+  multi30k_teacher.translate([str(two_step_run), str(two_step_run)], str(source), target)
+  run = load_runs([two_step_run])[0]
+  expected = translator.translate(run.model, run.params(), run.vocab, sentences,
+                                  translator.SearchSettings.from_config(run.config),
+                                  max_source_len=run.config.data.max_len,
+                                  text_form=pretokenize.text_form(run.config.data)).hypotheses
+  assert gzip.decompress(target.read_bytes()).decode().splitlines() == expected
+  assert target.read_bytes()[4:8] == b"\0\0\0\0"  # gzip's MTIME field: no time stamp
+  assert sorted(p.name for p in target.parent.iterdir()) == ["train.de.gz"]  # no .partial left
+
+
+def test_the_student_reads_the_teachers_files_from_the_record_and_trains_after_its_pool():
+  """The student's targets and vocabulary are committed files of the record, not a machine's runs."""
+  student = next(v for v in multi30k_levers.LEVERS if v.name == "distilled")
+  assert student.overrides["data.train_tgt"] == multi30k_levers.TEACHER_TARGETS
+  assert student.overrides["data.vocab_file"].startswith(multi30k_levers.LEVERS_RECORD + "/runs/")
+  names = [v.name for v in multi30k_levers.LEVERS]
+  assert all(names.index(p) < names.index("distilled") for p in multi30k_levers.TEACHER_POOL)
