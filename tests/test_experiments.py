@@ -1041,11 +1041,13 @@ def test_runs_side_by_side_share_the_accelerator_and_one_failure_spares_the_othe
   from transformer.sweeps.plan import Evaluation, Run
   cfg = ml_collections.ConfigDict({"train": {"steps": 6, "patience": 0}})
   runs = []
-  for name in ("a", "b", "c"):
+  for name in ("a", "b", "c", "d"):
     workdir = tmp_path / name
     report = workdir / "eval" / "validation_step6.json"
     runs.append(Run(Variant(name, {}), 0, workdir, cfg, ["transformer-train", f"--workdir={workdir}"],
                           {"dev": Evaluation(report, report, ["transformer-eval", f"--workdir={workdir}"])}))
+  (tmp_path / "d" / "eval").mkdir(parents=True)  # d: evaluated before, nothing to do
+  (tmp_path / "d" / "eval" / "validation_step6.json").write_text("{}")
   monkeypatch.setattr(results, "trained_steps", lambda workdir: 0)
   monkeypatch.setattr(results, "recorded_steps", lambda workdir: 0)
   monkeypatch.delenv(sweep.MEMORY_FRACTION, raising=False)
@@ -1071,11 +1073,16 @@ def test_runs_side_by_side_share_the_accelerator_and_one_failure_spares_the_othe
     return 0
 
   monkeypatch.setattr(sweep, "execute", fake_execute)
-  failures = sweep.run_all(runs, tmp_path / "record", parallel=2)
+  tables = []  # the runs kept when each table was written: after each finished run, one at a time
+  on_finished = lambda: tables.append(sorted(p.parent.parent.name for p in
+                                             (tmp_path / "record" / "runs").rglob("seed0/eval")))
+  failures = sweep.run_all(runs, tmp_path / "record", parallel=2, on_finished=on_finished)
   assert len(failures) == 1 and failures[0].startswith("b seed 0: transformer-eval") and "exited with 3" in failures[0]
+  # after a and c, one at a time; not after b, which failed, nor d, which had nothing to do
+  assert len(tables) == 2 and {"a", "c"} <= set(tables[1]) and not {"b"} & set(tables[0] + tables[1])
   assert fractions == ["0.450"] * 6
   assert overlaps == [False, False]
-  assert sorted(p.parent.parent.name for p in (tmp_path / "record" / "runs").rglob("seed0/eval")) == ["a", "c"]
+  assert sorted(p.parent.parent.name for p in (tmp_path / "record" / "runs").rglob("seed0/eval")) == ["a", "c", "d"]
 
 
 def test_one_run_at_a_time_inherits_the_environment_and_a_set_memory_fraction_is_kept(monkeypatch):

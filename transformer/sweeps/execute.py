@@ -10,7 +10,9 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from transformer.metrics import METRICS_FILE, format_duration
@@ -99,13 +101,26 @@ def side_by_side_env(parallel: int) -> dict[str, str] | None:
   return {**os.environ, MEMORY_FRACTION: f"{0.9 / parallel:.3f}"}
 
 
-def run_all(runs: list[Run], record: Path | None = None, parallel: int = 1) -> list[str]:
+def run_all(runs: list[Run], record: Path | None = None, parallel: int = 1,
+            on_finished: Callable[[], None] | None = None) -> list[str]:
   """Trains and evaluates what is not done yet, `parallel` runs at a time, keeping each finished
-  run's results in `record` (if given); returns one line per failed run."""
+  run's results in `record` (if given) and calling `on_finished` (one call at a time) after each
+  run this call trained or evaluated, so that a grid of many hours shows its tables as it goes;
+  returns one line per failed run."""
   env = side_by_side_env(parallel)
   jobs = [(f"[{i}/{len(runs)}] {run.label}", run) for i, run in enumerate(runs, 1)]
+  one_at_a_time = threading.Lock()
+
+  def job(prefix: str, run: Run) -> str | None:
+    done_before = evaluated(run.settled())
+    failure = run_one(prefix, run, record, env)
+    if on_finished and not failure and not done_before:
+      with one_at_a_time:
+        on_finished()
+    return failure
+
   with concurrent.futures.ThreadPoolExecutor(parallel) as pool:  # 1: in order, one at a time
-    outcomes = list(pool.map(lambda job: run_one(*job, record, env), jobs))
+    outcomes = list(pool.map(lambda j: job(*j), jobs))
   return [failure for failure in outcomes if failure]
 
 

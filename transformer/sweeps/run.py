@@ -19,8 +19,9 @@ translations; not its checkpoints) are also kept in DIR/runs/<variant>/seed<k>/,
 results are kept there is restored from them instead of trained again: a grid that takes many
 machines or days resumes from the committed record on a fresh checkout.
 
-Output in ROOT: results.csv (one row per run), results.md (the paper's Table 3 layout, mean ± std over
-seeds), curves.png, bleu.png and commands.sh (every run's command line), and every run in
+Output in ROOT, rewritten after every run the grid trains or scores (so the record of a grid of many
+days shows each finished run): results.csv (one row per run), results.md (the paper's Table 3
+layout, mean ± std over seeds), curves.png, bleu.png and commands.sh (every run's command line), and every run in
 TensorBoard's HParams dashboard (`tensorboard --logdir ROOT`; transformer/sweeps/hparams.py);
 `--record=DIR` copies them
 (and the extra test sets' descriptions) to DIR, e.g. experiments/results/<name>/.
@@ -163,16 +164,21 @@ def main(argv: list[str]) -> None:
   if record and (restored := restore_results(runs, record)):
     log.info("Restored %d finished runs from %s (results only: their checkpoints are not kept)",
              restored, record / "runs")
-  failures = [] if FLAGS.collect_only else run_all(to_run, record, FLAGS.parallel)
-  runs = [run.settled() for run in runs]  # scored where each ended (train.patience may stop one)
+
+  def write_tables() -> None:  # the config's search; scored where each run ended (train.patience)
+    written = tabulate([run.settled() for run in runs], grid, base, files, list(held_out), root,
+                       FLAGS.min_len, pairs)
+    if record:
+      records.record(written, record, f"Experiment `{grid.name}`",
+                     time.time() - started, ["transformer-experiment", *sys.argv[1:]])
+
+  failures = [] if FLAGS.collect_only else run_all(to_run, record, FLAGS.parallel, write_tables)
+  runs = [run.settled() for run in runs]
   shortest = shortest and [run.settled() for run in shortest]
   if record and FLAGS.collect_only:
     for run in filter(evaluated, runs):
       keep_results(run, record)
-  written = tabulate(runs, grid, base, files, list(held_out), root, FLAGS.min_len, pairs)
-  if record:
-    records.record(written, record, f"Experiment `{grid.name}`",
-                   time.time() - started, ["transformer-experiment", *sys.argv[1:]])
+  write_tables()
   if shortest:
     written = tabulate(shortest, grid, base, files, list(held_out), root, FLAGS.also_min_len, pairs)
     if record:
