@@ -28,9 +28,9 @@ can be ensembled: `transformer-eval --workdir=experiments/results/multi30k_lever
 A run is ~1.6-2.5 hours of a 2-core CPU alone (R-Drop in four micro-batches ~2.4x that, measured in
 experiments/results/cpu/rdrop_speed/, its batches' rows a multiple of 4, which moves a bucket's
 batch by at most 3 rows; twice the updates 2x, 1x when continued). `rdrop1_4k` is R-Drop at the
-reproduction's cost: half the tokens an update, each passed twice, so an update costs 1.28x
-(its two passes together hold 8,192 tokens; measured in the record's notes) and a run fits one sitting. The grid resumes
-where it stopped. Variants whose difference is under the seeds' spread get more seeds
+reproduction's cost: half the tokens an update, each passed twice (8,192 tokens in its two passes),
+so an update costs 1.28x (the record's notes) and a run fits one sitting. The grid resumes where it
+stopped. Variants whose difference is under the seeds' spread get more seeds
 (`--seeds=3 --only=NAME`).
 """
 

@@ -34,13 +34,14 @@ from experiments.recipes.multi30k_levers import (
 )
 from transformer.cli import run_program
 from transformer.sweeps import records
+from transformer.training import params_file
 
 
 def pool_models(record: Path = Path(LEVERS_RECORD)) -> tuple[list[str], list[str]]:
   """(the pool's kept models in `record`, the pool's variants that have none yet)."""
-  models = [record / "runs" / name / "seed0" / "model" for name in TEACHER_POOL]
-  kept = [str(m) for m in models if (m / "params.msgpack").is_file()]
-  missing = [name for name, m in zip(TEACHER_POOL, models) if not (m / "params.msgpack").is_file()]
+  models = {name: record / "runs" / name / "seed0" / "model" for name in TEACHER_POOL}
+  kept = [str(m) for m in models.values() if params_file.holds_params(m)]
+  missing = [name for name, m in models.items() if not params_file.holds_params(m)]
   return kept, missing
 
 

@@ -21,8 +21,8 @@ machines or days resumes from the committed record on a fresh checkout.
 
 Output in ROOT, rewritten after every run the grid trains or scores (so the record of a grid of many
 days shows each finished run): results.csv (one row per run), results.md (the paper's Table 3
-layout, mean ± std over seeds), curves.png, bleu.png and commands.sh (every run's command line), and every run in
-TensorBoard's HParams dashboard (`tensorboard --logdir ROOT`; transformer/sweeps/hparams.py);
+layout, mean ± std over seeds), curves.png, bleu.png and commands.sh (every run's command line),
+and every run in TensorBoard's HParams dashboard (`tensorboard --logdir ROOT`; transformer/sweeps/hparams.py);
 `--record=DIR` copies them
 (and the extra test sets' descriptions) to DIR, e.g. experiments/results/<name>/.
 `--base.KEY=VALUE` overrides the base config for every variant; `--only=A,B` runs those variants
