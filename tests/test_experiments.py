@@ -784,6 +784,14 @@ def test_the_test_set_table_averages_the_seeds_and_puts_the_literature_beside_th
   assert rows[1] == "| test_2017_flickr | 33.00 | 34.50 | **33.75** | 32.50 | 0.950 | 33.36 | 36.04 |"
 
 
+def test_the_test_set_reports_go_where_asked_a_folder_per_seed_where_there_are_several(tmp_path):
+  from experiments.recipes.multi30k_test_sets import report_folder
+  assert report_folder(None, 0, 2) is None  # the first run's eval/, as transformer-eval writes
+  assert report_folder(str(tmp_path / "one"), 0, 1) == str(tmp_path / "one")
+  assert report_folder(str(tmp_path / "two"), 1, 2) == str(tmp_path / "two/seed1")
+  assert (tmp_path / "one").is_dir() and (tmp_path / "two/seed1").is_dir()
+
+
 def test_the_test_set_table_labels_an_ensemble_by_its_runs_seeds():
   from experiments.recipes.multi30k_test_sets import seed_label
   cfg = load_config(REPO / "configs/multi30k_ensemble.py")

@@ -16,24 +16,31 @@ def keep(record, name):
   return model
 
 
-def test_the_teacher_waits_for_its_pool_and_names_what_is_missing(tmp_path, monkeypatch, capsys):
+def test_a_teacher_waits_for_its_pool_and_names_what_is_missing(tmp_path, monkeypatch, capsys):
   record = tmp_path / multi30k_levers.LEVERS_RECORD
-  first = keep(record, multi30k_levers.TEACHER_POOL[0])
-  kept, missing = multi30k_teacher.pool_models(record)
-  assert kept == [str(first)] and missing == list(multi30k_levers.TEACHER_POOL[1:])
+  first_pool = multi30k_levers.TEACHERS["teacher"]
+  first = keep(record, first_pool[0])
+  kept, missing = multi30k_teacher.pool_models(first_pool, record)
+  assert kept == [str(first)] and missing == list(first_pool[1:])
   monkeypatch.chdir(tmp_path)
   multi30k_teacher.main(["multi30k_teacher"])
-  assert f"waits for the kept models of {', '.join(missing)}" in capsys.readouterr().out
-  assert not (tmp_path / multi30k_levers.TEACHER_DIR).exists()
+  out = capsys.readouterr().out
+  assert f"teacher waits for the kept models of {', '.join(missing)}" in out
+  second_missing = [n for n in multi30k_levers.TEACHERS["teacher2"] if n != first_pool[0]]
+  assert f"teacher2 waits for the kept models of {', '.join(second_missing)}" in out
+  assert not (record / "teacher").exists() and not (record / "teacher2").exists()
 
 
 def test_translations_made_already_are_left_alone(tmp_path, monkeypatch, capsys):
   monkeypatch.chdir(tmp_path)
-  targets = tmp_path / multi30k_levers.TEACHER_TARGETS
-  targets.parent.mkdir(parents=True)
-  targets.write_bytes(b"made")
+  for teacher in multi30k_levers.TEACHERS:
+    targets = tmp_path / multi30k_levers.teacher_targets(teacher)
+    targets.parent.mkdir(parents=True)
+    targets.write_bytes(b"made")
   multi30k_teacher.main(["multi30k_teacher"])
-  assert "made already" in capsys.readouterr().out and targets.read_bytes() == b"made"
+  out = capsys.readouterr().out
+  assert all(f"The translations of {t} are made already" in out for t in multi30k_levers.TEACHERS)
+  assert (tmp_path / multi30k_levers.teacher_targets("teacher2")).read_bytes() == b"made"
 
 
 def test_the_targets_are_the_ensembles_translations_gzipped_without_a_time_stamp(two_step_run,
@@ -56,10 +63,13 @@ def test_the_targets_are_the_ensembles_translations_gzipped_without_a_time_stamp
   assert sorted(p.name for p in target.parent.iterdir()) == ["train.de.gz"]  # no .partial left
 
 
-def test_the_student_reads_the_teachers_files_from_the_record_and_trains_after_its_pool():
-  """The student's targets and vocabulary are committed files of the record, not a machine's runs."""
-  student = next(v for v in multi30k_levers.LEVERS if v.name == "distilled")
-  assert student.overrides["data.train_tgt"] == multi30k_levers.TEACHER_TARGETS
-  assert student.overrides["data.vocab_file"].startswith(multi30k_levers.LEVERS_RECORD + "/runs/")
+def test_each_student_reads_its_teachers_files_from_the_record_and_trains_after_its_pool():
+  """The students' targets and vocabulary are committed files of the record, not a machine's runs;
+  the second teacher's pool holds the first student."""
   names = [v.name for v in multi30k_levers.LEVERS]
-  assert all(names.index(p) < names.index("distilled") for p in multi30k_levers.TEACHER_POOL)
+  for name, teacher in (("distilled", "teacher"), ("distilled2", "teacher2")):
+    student = next(v for v in multi30k_levers.LEVERS if v.name == name)
+    assert student.overrides["data.train_tgt"] == multi30k_levers.teacher_targets(teacher)
+    assert student.overrides["data.vocab_file"].startswith(multi30k_levers.LEVERS_RECORD + "/runs/")
+    assert all(names.index(p) < names.index(name) for p in multi30k_levers.TEACHERS[teacher])
+  assert "distilled" in multi30k_levers.TEACHERS["teacher2"]

@@ -14,9 +14,10 @@ continues the reproduction's seed 0 from its step-8,000 checkpoint (the schedule
 is the same run as one trained to 16,000): experiments/recipes/multi30k_literature.sh does both and
 runs this grid after the reproduction's. `distilled` is sequence-level knowledge distillation (Kim
 and Rush, 2016): the same model trained on the training sources paired with their translations by
-an ensemble of the runs trained before it (TEACHER_POOL), chosen on validation and made by
+an ensemble of the runs trained before it (TEACHERS' first pool), chosen on validation and made by
 experiments/recipes/multi30k_teacher.py, which the same script runs first; its budget counts the
-teacher's runs and its translating.
+teacher's runs and its translating. `distilled2` is its second generation: its teacher is chosen
+among the first student and the first teacher's runs.
 
 `vocab5k` learns its own vocabulary, so it cannot join the others' ensembles (they share one).
 
@@ -37,15 +38,30 @@ stopped. Variants whose difference is under the seeds' spread get more seeds
 from transformer.sweeps.grids import Grid, Variant
 
 LEVERS_RECORD = "experiments/results/multi30k_levers"
-# The distillation teacher: an ensemble of these runs' kept models, chosen on validation, whose
-# translations of the training sources experiments/recipes/multi30k_teacher.py writes in its record.
-TEACHER_POOL = ("fairseq_init", "act_dropout", "word_dropout")
-TEACHER_DIR = f"{LEVERS_RECORD}/teacher"
-TEACHER_TARGETS = f"{TEACHER_DIR}/train.de.gz"
-# The teacher's vocabulary (the pool's runs share one), which the student keeps (data.vocab_file),
-# so that it can join the teacher's runs in an ensemble.
-TEACHER_VOCAB = f"{LEVERS_RECORD}/runs/{TEACHER_POOL[0]}/seed0/model/vocab.model"
 BUNDLED = "transformer/data/multi30k"
+# The distillation teachers, each an ensemble of its pool's kept models chosen on validation, whose
+# translations of the training sources experiments/recipes/multi30k_teacher.py writes in the
+# teacher's folder of the record (teacher_targets): {teacher: its pool}, in the order they are made.
+# The second teacher's pool holds the first student.
+TEACHERS = {"teacher": ("fairseq_init", "act_dropout", "word_dropout"),
+            "teacher2": ("distilled", "word_dropout", "fairseq_init", "act_dropout")}
+# The teachers' vocabulary (every pool's runs share one), which the students keep (data.vocab_file),
+# so that they can join their teachers' runs in an ensemble.
+TEACHER_VOCAB = f"{LEVERS_RECORD}/runs/fairseq_init/seed0/model/vocab.model"
+
+
+def teacher_targets(teacher: str) -> str:
+  """The teacher's gzipped translations of the training sources, in its folder of the record."""
+  return f"{LEVERS_RECORD}/{teacher}/train.de.gz"
+
+
+def student(teacher: str) -> dict[str, str]:
+  """Overrides that train on the training sources paired with the teacher's translations (files
+  committed in the record, so any machine trains the student), validated on the real pairs."""
+  return {"data.source": "files", "data.train_src": f"{BUNDLED}/train.en.gz",
+          "data.train_tgt": teacher_targets(teacher), "data.eval_src": f"{BUNDLED}/val.en.gz",
+          "data.eval_tgt": f"{BUNDLED}/val.de.gz", "data.vocab_file": TEACHER_VOCAB}
+
 
 LEVERS = [  # in the order they train: those a machine finishes in ~2.5 hours first
     Variant("wu_tiny"),                                      # the reproduction: the first row
@@ -53,13 +69,11 @@ LEVERS = [  # in the order they train: those a machine finishes in ~2.5 hours fi
     Variant("act_dropout", {"model.activation_dropout": 0.1}),  # the feed-forward's hidden units
     Variant("word_dropout", {"model.word_dropout": 0.1}),    # whole tokens (Sennrich and Zhang)
     # sequence-level knowledge distillation: the teacher's translations as the training targets
-    Variant("distilled", {"data.source": "files", "data.train_src": f"{BUNDLED}/train.en.gz",
-                          "data.train_tgt": TEACHER_TARGETS, "data.eval_src": f"{BUNDLED}/val.en.gz",
-                          "data.eval_tgt": f"{BUNDLED}/val.de.gz",
-                          "data.vocab_file": TEACHER_VOCAB}),
+    Variant("distilled", student("teacher")),
     Variant("rdrop1_4k", {"train.rdrop_alpha": 1.0,         # R-Drop at Guo et al.'s weight on half
                           "data.tokens_per_batch": 4096,    # the tokens, each passed twice: an
                           "train.grad_accum_steps": 2}),    # update costs 1.28x the reproduction's
+    Variant("distilled2", student("teacher2")),              # the first student among teachers
     Variant("attn_dropout", {"model.attention_dropout": 0.1}),
     Variant("smooth2", {"train.label_smoothing": 0.2}),
     Variant("rotary", {"model.positional": "rotary"}),       # led within the training lengths

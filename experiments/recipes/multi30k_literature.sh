@@ -12,7 +12,8 @@
 # so training to 8,000 and on to 16,000 is the same run as training to 16,000; the grid continues a
 # run whose stored train.steps is below the planned ones). The levers' `distilled` trains on the
 # training sources' translations by an ensemble of the levers trained before it, chosen on
-# validation and made once (experiments/recipes/multi30k_teacher.py) after they have trained.
+# validation and made once (experiments/recipes/multi30k_teacher.py) after they have trained;
+# `distilled2` on those of a second teacher whose pool holds the first student.
 set -euo pipefail
 test_dir=${1:?"pass the folder of Multi30k's test sets (test_2016_flickr.en.gz, ...; see docs/experiments.md)"}
 root=runs/experiments
@@ -34,7 +35,7 @@ fi
 levers=(transformer-experiment experiments/recipes/multi30k_levers.py --base=configs/multi30k_tiny.py
         --seeds=1 --root=$root/multi30k_levers --record=experiments/results/multi30k_levers "${@:2}")
 # The teacher's runs first, then the teacher (distilled's targets), then the rest of the levers.
-"${levers[@]}" --only="$(python -c 'from experiments.recipes.multi30k_levers import TEACHER_POOL as p
-print(",".join(p))')" || echo "a run of the teacher's failed (above): the teacher waits, the other levers go on" >&2
+"${levers[@]}" --only="$(python -c 'from experiments.recipes.multi30k_levers import TEACHERS as t
+print(",".join(t["teacher"]))')" || echo "a run of the teacher's failed (above): the teacher waits, the other levers go on" >&2
 python -m experiments.recipes.multi30k_teacher
 "${levers[@]}"

@@ -1,18 +1,18 @@
-"""The teacher of multi30k_levers' `distilled`: an ensemble of the grid's kept runs, chosen on validation.
+"""The teachers of multi30k_levers' students: ensembles of the grid's kept runs, chosen on validation.
 
     python -m experiments.recipes.multi30k_teacher
 
 Sequence-level knowledge distillation (Kim and Rush, 2016) trains the student on the training
-sources paired with the teacher's translations. The teacher is made of the runs the levers grid
-trains before `distilled` (TEACHER_POOL, their kept models in the record, so that it can be made on
-any machine): greedy forward selection on the validation set (experiments/analyses/
+sources paired with the teacher's translations. Each teacher of TEACHERS is made of its pool, runs
+the levers grid trains before its student (their kept models in the record, so that it can be made
+on any machine): greedy forward selection on the validation set (experiments/analyses/
 ensemble_selection.py) chooses the ensemble, which translates the training sources with the runs'
-search (beam 5). Its record (TEACHER_DIR) holds the selection's table and the translations,
-gzipped (TEACHER_TARGETS, which the student's config reads), so the teacher is made once.
+search (beam 5). The teacher's folder of the record holds the selection's table and the
+translations, gzipped (teacher_targets, which the student's config reads), so it is made once.
 
-Until every run of the pool is kept it says which are missing and makes nothing (the grid's
-`distilled` then fails alone and the other variants train); once the translations exist it makes
-nothing either. experiments/recipes/multi30k_literature.sh runs it before the levers grid.
+A teacher whose pool is not all kept yet says which runs are missing and is not made (its student
+then fails alone and the other variants train); one whose translations exist is left alone.
+experiments/recipes/multi30k_literature.sh runs this before the levers grid.
 """
 
 from __future__ import annotations
@@ -25,21 +25,16 @@ import time
 from pathlib import Path
 
 from experiments.analyses import ensemble_selection
-from experiments.recipes.multi30k_levers import (
-  BUNDLED,
-  LEVERS_RECORD,
-  TEACHER_DIR,
-  TEACHER_POOL,
-  TEACHER_TARGETS,
-)
+from experiments.recipes.multi30k_levers import BUNDLED, LEVERS_RECORD, TEACHERS, teacher_targets
 from transformer.cli import run_program
 from transformer.sweeps import records
 from transformer.training import params_file
 
 
-def pool_models(record: Path = Path(LEVERS_RECORD)) -> tuple[list[str], list[str]]:
+def pool_models(pool: tuple[str, ...], record: Path = Path(LEVERS_RECORD)
+                ) -> tuple[list[str], list[str]]:
   """(the pool's kept models in `record`, the pool's variants that have none yet)."""
-  models = {name: record / "runs" / name / "seed0" / "model" for name in TEACHER_POOL}
+  models = {name: record / "runs" / name / "seed0" / "model" for name in pool}
   kept = [str(m) for m in models.values() if params_file.holds_params(m)]
   missing = [name for name, m in models.items() if not params_file.holds_params(m)]
   return kept, missing
@@ -61,29 +56,35 @@ def translate(members: list[str], source: str, target: Path) -> None:
   partial.unlink()
 
 
-def main(argv: list[str]) -> None:
-  del argv
-  target = Path(TEACHER_TARGETS)
+def make(teacher: str, pool: tuple[str, ...]) -> None:
+  """The teacher's selection and translations, unless made already or its pool is not all kept."""
+  target = Path(teacher_targets(teacher))
   if target.is_file():
-    print(f"The teacher's translations are made already: {target}")
+    print(f"The translations of {teacher} are made already: {target}")
     return
-  kept, missing = pool_models()
+  kept, missing = pool_models(pool)
   if missing:
-    print(f"The teacher waits for the kept models of {', '.join(missing)} (the levers grid trains "
-          f"them before distilled); distilled fails alone until then.")
+    print(f"{teacher} waits for the kept models of {', '.join(missing)} (the levers grid trains "
+          f"them before its student); its student fails alone until then.")
     return
   start = time.time()
   rounds = ensemble_selection.select(kept)
   members = [kept[i] for i in rounds[-1]["members"]]
   target.parent.mkdir(parents=True, exist_ok=True)
   translate(members, f"{BUNDLED}/train.en.gz", target)
-  text = (f"# The distillation teacher, chosen on validation\n\n"
+  text = (f"# The distillation teacher `{teacher}`, chosen on validation\n\n"
           f"{ensemble_selection.table(kept, rounds)}\n"
           f"Chosen: {', '.join(members)}. They translated `{BUNDLED}/train.en.gz` (their search: "
-          f"beam 5) into `{target.name}`, the targets of the levers grid's `distilled`.\n")
-  records.record_table(text, TEACHER_DIR, "Multi30k distillation teacher", time.time() - start,
-                       "experiments.recipes.multi30k_teacher")
+          f"beam 5) into `{target.name}`, the targets of its student in the levers grid.\n")
+  records.record_table(text, target.parent, f"Multi30k distillation teacher {teacher}",
+                       time.time() - start, "experiments.recipes.multi30k_teacher")
   print(text)
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  for teacher, pool in TEACHERS.items():
+    make(teacher, pool)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Multi30k's official test sets, scored once per run, beside the literature's numbers.
 
     python -m experiments.recipes.multi30k_test_sets RUN[,RUN...] [RUN[,RUN...] ...] --test_dir=DIR \
-        [--output_dir=experiments/results/multi30k_test_sets] [--average_last=N] \
+        [--output_dir=experiments/results/multi30k_test_sets] [--average_last=N] [--report_dir=DIR] \
         [--beam_size=B --alpha=A --length_penalty=fairseq ...]
 
 The runs are seeds of one recipe and one language pair (their configs say which); a comma-separated
@@ -87,6 +87,16 @@ def seed_label(configs: Sequence[Any]) -> str:
   return f"seed {seeds[0]}" if len(seeds) == 1 else "seeds " + "+".join(seeds)
 
 
+def report_folder(report_dir: str | None, number: int, count: int) -> str | None:
+  """Where seed `number` of `count` writes its reports: None (its first run's eval/), or
+  `report_dir`, a subfolder per seed where there are several (their file names would collide)."""
+  if not report_dir:
+    return None
+  folder = Path(report_dir) / f"seed{number}" if count > 1 else Path(report_dir)
+  folder.mkdir(parents=True, exist_ok=True)
+  return str(folder)
+
+
 def scores(report: dict) -> dict[str, float]:
   return {"sacrebleu": report["sacrebleu"]["bleu"], "lc_tok": report["lc_tok_bleu"]["bleu"],
           "bp": report["lc_tok_bleu"]["brevity_penalty"]}
@@ -129,11 +139,13 @@ def main(argv: list[str]) -> None:
   search = translator.search_overrides()
   described = one_search(configs, search)
   results: dict[str, list[dict[str, float]]] = {}
-  for members, loaded in runs.items():
+  for number, (members, loaded) in enumerate(runs.items()):
     cache: dict = {}  # per seed: a compiled search belongs to its runs' models
+    reports = report_folder(FLAGS.report_dir, number, len(runs))
     for name, where in sets.items():
       found = scores(evaluate_lib.evaluate(str(loaded[0].workdir), loaded=loaded,
-                                           compiled_cache=cache, **where, **search))
+                                           compiled_cache=cache, report_dir=reports, **where,
+                                           **search))
       results.setdefault(name, []).append(found)
       print(json.dumps({"workdir": members, "set": name, **found}), flush=True)
   seeds = [seed_label([run.config for run in loaded]) for loaded in runs.values()]
@@ -153,6 +165,9 @@ def define_flags() -> None:
                       "files; .gz or plain).")
   flags.DEFINE_string("output_dir", "experiments/results/multi30k_test_sets", "Where the table goes "
                       "(a record folder per language pair).")
+  flags.DEFINE_string("report_dir", None, "Write each set's translations and report here instead "
+                      "of the first run's eval/ (a subfolder per seed where there are several); "
+                      "kept models in a record are read-only runs.")
   flags.DEFINE_integer("average_last", 1, "Score the mean of each run's last N checkpoints "
                        "(transformer-eval --average_last; the literature's recipe: 10).",
                        lower_bound=1)
