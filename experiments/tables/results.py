@@ -182,8 +182,8 @@ def _levers_ensemble_row() -> list[str]:
   hours = sum(_alone_hours(LEVERS_RUNS / name / "seed0") for name in trained)
   readme = (RESULTS / "multi30k_levers" / teacher / "README.md").read_text()
   hours += float(re.search(r"wall time: ([\d.]+) min", readme).group(1)) / 60
-  label = (f"ours: a distilled student and two levers ensembled ({', '.join(members)}; the "
-           "levers grid, chosen on validation)")
+  label = (f"ours: a distilled student and two levers ensembled ({', '.join(members)}; chosen on "
+           "validation; `experiments/recipes/multi30k_best.sh`)")
   return [_recipe_row(label, folder, f"{hours:.1f} (its {len(trained)} runs and the teacher)")]
 
 
