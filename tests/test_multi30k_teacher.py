@@ -73,3 +73,22 @@ def test_each_student_reads_its_teachers_files_from_the_record_and_trains_after_
     assert student.overrides["data.vocab_file"].startswith(multi30k_levers.LEVERS_RECORD + "/runs/")
     assert all(names.index(p) < names.index(name) for p in multi30k_levers.TEACHERS[teacher])
   assert "distilled" in multi30k_levers.TEACHERS["teacher2"]
+
+
+def test_the_best_recipe_trains_its_teachers_runs_and_student_and_scores_the_tabulated_ensemble():
+  """multi30k_best.sh trains what its ensemble needs (the teacher's pool, the teacher, the student),
+  and ensembles the members the README's table names and counts."""
+  import re
+  from pathlib import Path
+
+  from experiments.tables.results import LEVERS_ENSEMBLE
+  script = (Path(__file__).parents[1] / "experiments/recipes/multi30k_best.sh").read_text()
+  steps = [line.split("#")[0].strip() for line in script.splitlines()
+           if line.startswith(('"${levers[@]}"', "python -m", "for name"))]
+  only = [re.search(r"--only=(\S+)", s).group(1).split(",") for s in steps if "--only=" in s]
+  assert only == [list(multi30k_levers.TEACHERS["teacher"]), ["distilled"]]
+  assert steps.index("python -m experiments.recipes.multi30k_teacher") == 1  # between the two
+  members = re.search(r"for name in ([\w ]+);", script).group(1).split()
+  _, tabulated, trained, teacher = LEVERS_ENSEMBLE
+  assert members == list(tabulated) and teacher == "teacher"
+  assert sorted(trained) == sorted({*multi30k_levers.TEACHERS["teacher"], "distilled"})
