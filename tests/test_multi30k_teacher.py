@@ -67,12 +67,15 @@ def test_each_student_reads_its_teachers_files_from_the_record_and_trains_after_
   """The students' targets and vocabulary are committed files of the record, not a machine's runs;
   the second teacher's pool holds the first student."""
   names = [v.name for v in multi30k_levers.LEVERS]
-  for name, teacher in (("distilled", "teacher"), ("distilled2", "teacher2")):
-    student = next(v for v in multi30k_levers.LEVERS if v.name == name)
+  students = {v.name: v for v in multi30k_levers.LEVERS if "data.train_tgt" in v.overrides}
+  assert sorted(students) == ["distilled", "distilled2", "distilled2_fi", "distilled2_wd"]
+  for name, student in students.items():
+    teacher = "teacher" if name == "distilled" else "teacher2"
     assert student.overrides["data.train_tgt"] == multi30k_levers.teacher_targets(teacher)
     assert student.overrides["data.vocab_file"].startswith(multi30k_levers.LEVERS_RECORD + "/runs/")
     assert all(names.index(p) < names.index(name) for p in multi30k_levers.TEACHERS[teacher])
   assert "distilled" in multi30k_levers.TEACHERS["teacher2"]
+  assert students["distilled2_wd"].overrides["model.word_dropout"] == 0.1
 
 
 def test_the_best_recipe_trains_its_teachers_runs_and_student_and_scores_the_tabulated_ensemble():

@@ -17,7 +17,8 @@ and Rush, 2016): the same model trained on the training sources paired with thei
 an ensemble of the runs trained before it (TEACHERS' first pool), chosen on validation and made by
 experiments/recipes/multi30k_teacher.py, which the same script runs first; its budget counts the
 teacher's runs and its translating. `distilled2` is its second generation: its teacher is chosen
-among the first student and the first teacher's runs.
+among the first student and the first teacher's runs; `distilled2_wd` and `distilled2_fi` are
+students of the same teacher with a lever its ensemble took, so that students can be ensembled.
 
 `vocab5k` learns its own vocabulary, so it cannot join the others' ensembles (they share one).
 
@@ -74,6 +75,9 @@ LEVERS = [  # in the order they train: those a machine finishes in ~2.5 hours fi
                           "data.tokens_per_batch": 4096,    # the tokens, each passed twice: an
                           "train.grad_accum_steps": 2}),    # update costs 1.28x the reproduction's
     Variant("distilled2", student("teacher2")),              # the first student among teachers
+    # students of the second teacher with the levers its ensemble took: members of one ensemble
+    Variant("distilled2_wd", {**student("teacher2"), "model.word_dropout": 0.1}),
+    Variant("distilled2_fi", {**student("teacher2"), "model.qkv_init_gain": 2 ** -0.5}),
     Variant("attn_dropout", {"model.attention_dropout": 0.1}),
     Variant("smooth2", {"train.label_smoothing": 0.2}),
     Variant("rotary", {"model.positional": "rotary"}),       # led within the training lengths
