@@ -85,11 +85,11 @@ def copy_task_model(vocab: int = 24):
 
 def tiny_run_config(tmp_path, train_lines: int = 300, eval_lines: int = 40):
   """A run config on slices of the bundled Multi30k, written as plain text files under tmp_path."""
-  from transformer.data import sources
+  from transformer.data import sources, text_files
   c = base_config()
   for split, n in (("train", train_lines), ("val", eval_lines)):
     for lang in ("en", "de"):
-      lines = sources.read_lines(sources.BUNDLED_DIR / f"{split}.{lang}.gz")[:n]
+      lines = text_files.read_lines(sources.BUNDLED_DIR / f"{split}.{lang}.gz")[:n]
       (tmp_path / f"{split}.{lang}").write_text("\n".join(lines) + "\n")
   c.data.source = "files"
   c.data.train_src, c.data.train_tgt = str(tmp_path / "train.en"), str(tmp_path / "train.de")

@@ -9,7 +9,7 @@ import pytest
 import sentencepiece
 
 from transformer.config import ConfigError, base_config, validate
-from transformer.data import batching, sources, token_cache
+from transformer.data import batching, sources, text_files, token_cache
 from transformer.data import vocab as vocab_lib
 from transformer.model.transformer import EOS_ID
 
@@ -48,18 +48,65 @@ def test_unequal_line_counts_are_reported(tmp_path):
     sources.read_parallel(tmp_path / "a.en", tmp_path / "a.de")
 
 
+def test_comma_separated_files_are_one_corpus_in_order(tmp_path):
+  """data.train_src='a,b' with train_tgt='x,y' reads a+x then b+y (a .gz and a plain file without
+  its last line end), by random access and whole, with caches named apart from the first pair's."""
+  with gzip.open(tmp_path / "a.en.gz", "wt", encoding="utf-8") as f:
+    f.write("one\ntwo\nthree\n")
+  with gzip.open(tmp_path / "a.de.gz", "wt", encoding="utf-8") as f:
+    f.write("eins\nzwei\ndrei\n")
+  (tmp_path / "b.en").write_text("four\nfive")
+  (tmp_path / "b.de").write_text("vier\nfünf")
+  data = base_config().data
+  data.source = "files"
+  data.train_src = f"{tmp_path}/a.en.gz, {tmp_path}/b.en"
+  data.train_tgt = f"{tmp_path}/a.de.gz,{tmp_path}/b.de"
+  data.eval_src, data.eval_tgt = str(tmp_path / "b.en"), str(tmp_path / "b.de")
+  english, german = ["one", "two", "three", "four", "five"], ["eins", "zwei", "drei", "vier", "fünf"]
+  pairs = sources.open_split(data, "train")
+  assert len(pairs) == 5
+  order = [4, 0, 3, 2, 2, 1]
+  assert pairs.read(order) == ([english[i] for i in order], [german[i] for i in order])
+  whole = sources.load_split(data, "train")
+  assert (whole.source, whole.target) == (english, german)
+  assert sources.load_split(data, "validation").target == ["vier", "fünf"]
+  files = sources.source_of(data)
+  first = data.copy_and_resolve_references()
+  first.train_src, first.train_tgt = str(tmp_path / "a.en.gz"), str(tmp_path / "a.de.gz")
+  assert files.identity(data, "train") != files.identity(first, "train")
+  assert files.vocabulary_key(data) != files.vocabulary_key(first)
+
+
+def test_comma_separated_files_must_pair_up(tmp_path):
+  data = base_config().data
+  data.source = "files"
+  data.train_src, data.train_tgt = "a.en,b.en", "a.de"
+  data.eval_src, data.eval_tgt = "v.en", "v.de"
+  with pytest.raises(ConfigError, match=r"train_src names 2 file\(s\) but config.data.train_tgt "
+                                        "names 1; name one target file for each source file"):
+    sources.source_of(data).check(data)
+  (tmp_path / "a.en").write_text("one\n")
+  (tmp_path / "a.de").write_text("eins\n")
+  (tmp_path / "b.en").write_text("two\nthree\n")
+  (tmp_path / "b.de").write_text("zwei\n")
+  data.train_src = f"{tmp_path}/a.en,{tmp_path}/b.en"
+  data.train_tgt = f"{tmp_path}/a.de,{tmp_path}/b.de"
+  with pytest.raises(sources.DataError, match=r"b\.en has 2 lines but .*b\.de has 1"):
+    sources.open_split(data, "train")
+
+
 def test_invalid_utf8_names_file_and_line(tmp_path):
   (tmp_path / "bad.en").write_bytes(b"fine\nalso fine\nbroken \xff here\n")
   with pytest.raises(sources.DataError, match=r"bad\.en:3: invalid UTF-8"):
-    sources.read_lines(tmp_path / "bad.en")
+    text_files.read_lines(tmp_path / "bad.en")
 
 
 def test_missing_file_and_gzip(tmp_path):
   with pytest.raises(sources.DataError, match="not found"):
-    sources.read_lines(tmp_path / "nope.txt")
+    text_files.read_lines(tmp_path / "nope.txt")
   with gzip.open(tmp_path / "x.gz", "wt", encoding="utf-8") as f:
     f.write("Grüße\r\nzwei\n")
-  assert sources.read_lines(tmp_path / "x.gz") == ["Grüße", "zwei"]
+  assert text_files.read_lines(tmp_path / "x.gz") == ["Grüße", "zwei"]
 
 
 def test_vocabulary_special_ids_and_round_trip(small_vocab):

@@ -23,7 +23,7 @@ from helpers import REPO, run_cli, tiny_run_config
 
 from transformer import hardware, version
 from transformer.config import ConfigError, base_config
-from transformer.data import sources
+from transformer.data import sources, text_files
 from transformer.evaluation import bleu as bleu_lib
 from transformer.metrics import MetricWriter, read_metrics
 from transformer.model import positions
@@ -337,7 +337,7 @@ def test_bleu_bars_are_written(tmp_path):
 def write_short_sentence_config(tmp_path):
   """A tiny run config as a config file, trained on short pairs only (so dev pairs can be longer)."""
   cfg = tiny_run_config(tmp_path, train_lines=600)
-  src, tgt = (sources.read_lines(cfg.data[k]) for k in ("train_src", "train_tgt"))
+  src, tgt = (text_files.read_lines(cfg.data[k]) for k in ("train_src", "train_tgt"))
   keep = [i for i, s in enumerate(src) if len(s.split()) <= 9]
   Path(cfg.data.train_src).write_text("".join(src[i] + "\n" for i in keep))
   Path(cfg.data.train_tgt).write_text("".join(tgt[i] + "\n" for i in keep))
@@ -422,7 +422,7 @@ def test_a_tiny_grid_runs_end_to_end_resumes_and_skips(tmp_path):
   # The paired bootstrap of learned against sinusoidal on each set, from their translations.
   runs = {r["variant"]: root / r["workdir"] for r in rows}
   for name, refs, stem in (("dev", (tmp_path / "val.de").read_text().splitlines(), "validation"),
-                           ("long", sources.read_lines(long_info["reference_file"]), "long")):
+                           ("long", text_files.read_lines(long_info["reference_file"]), "long")):
     hyps = [(runs[v] / "eval" / f"{stem}_step6.hyp.txt").read_text().split("\n")[:-1]
             for v in ("sinusoidal", "learned")]
     assert float(rows[1][f"{name}_p"]) == pytest.approx(significance.paired_bootstrap(*hyps, refs))

@@ -20,7 +20,7 @@ from helpers import (
 
 from transformer import decoding
 from transformer.config import base_config
-from transformer.data import sources
+from transformer.data import text_files
 from transformer.data import vocab as vocab_lib
 from transformer.errors import ConfigError
 from transformer.evaluation import export, marian
@@ -298,8 +298,8 @@ def exported(run, tmp_path_factory):
 def validation_pairs(run, vocab):
   """The fixture's validation pairs whose sides fit the model's length limit."""
   limit = json.loads((run / "config.json").read_text())["data"]["max_len"]
-  pairs = [(s, t) for s, t in zip(sources.read_lines(run.parent / "val.en"),
-                                  sources.read_lines(run.parent / "val.de"))
+  pairs = [(s, t) for s, t in zip(text_files.read_lines(run.parent / "val.en"),
+                                  text_files.read_lines(run.parent / "val.de"))
            if max(len(vocab.encode(s)), len(vocab.encode(t))) < limit]
   assert len(pairs) > 20
   return map(list, zip(*pairs))

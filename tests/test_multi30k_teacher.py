@@ -68,14 +68,19 @@ def test_each_student_reads_its_teachers_files_from_the_record_and_trains_after_
   the second teacher's pool holds the first student."""
   names = [v.name for v in multi30k_levers.LEVERS]
   students = {v.name: v for v in multi30k_levers.LEVERS if "data.train_tgt" in v.overrides}
-  assert sorted(students) == ["distilled", "distilled2", "distilled2_fi", "distilled2_wd"]
+  assert sorted(students) == ["distilled", "distilled2", "distilled2_fi", "distilled2_mix",
+                              "distilled2_wd"]
   for name, student in students.items():
     teacher = "teacher" if name == "distilled" else "teacher2"
-    assert student.overrides["data.train_tgt"] == multi30k_levers.teacher_targets(teacher)
+    targets = student.overrides["data.train_tgt"].split(",")
+    assert targets[-1] == multi30k_levers.teacher_targets(teacher)
     assert student.overrides["data.vocab_file"].startswith(multi30k_levers.LEVERS_RECORD + "/runs/")
     assert all(names.index(p) < names.index(name) for p in multi30k_levers.TEACHERS[teacher])
   assert "distilled" in multi30k_levers.TEACHERS["teacher2"]
   assert students["distilled2_wd"].overrides["model.word_dropout"] == 0.1
+  mix = students["distilled2_mix"].overrides  # each source with its reference, then the teacher's
+  assert mix["data.train_src"].split(",") == [f"{multi30k_levers.BUNDLED}/train.en.gz"] * 2
+  assert mix["data.train_tgt"].split(",")[0] == f"{multi30k_levers.BUNDLED}/train.de.gz"
 
 
 def test_the_best_recipe_trains_its_teachers_runs_and_student_and_scores_the_tabulated_ensemble():

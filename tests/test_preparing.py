@@ -17,7 +17,7 @@ import pytest
 from helpers import REPO, live_processes, tiny_run_config
 
 from transformer import files
-from transformer.data import sources
+from transformer.data import sources, text_files
 from transformer.data import token_cache as cache_lib
 from transformer.data import vocab as vocab_lib
 from transformer.errors import UserError
@@ -91,7 +91,7 @@ def test_a_killed_vocabulary_trainings_folder_is_removed_by_the_next_and_a_live_
   for partial in (dead, live):
     partial.mkdir()
     (partial / "spm.vocab").write_text("half")
-  lines = sources.read_lines(sources.BUNDLED_DIR / "train.en.gz")[:500]
+  lines = text_files.read_lines(sources.BUNDLED_DIR / "train.en.gz")[:500]
   vocab_lib.train_vocab(lines, tmp_path / "vocab.model", 100)
   assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "vocab.model"])
 
@@ -215,7 +215,7 @@ def big_corpus(tmp_path, copies: int = 16) -> list[str]:
   """Multi30k's training pairs `copies` times: tokenizing it takes seconds with two workers."""
   for split, stem, n in (("train", "train", copies), ("val", "val", 1)):
     for lang in ("en", "de"):
-      lines = sources.read_lines(sources.BUNDLED_DIR / f"{stem}.{lang}.gz")
+      lines = text_files.read_lines(sources.BUNDLED_DIR / f"{stem}.{lang}.gz")
       (tmp_path / f"{split}.{lang}").write_text("\n".join(lines * n) + "\n")
   return ["--config=configs/multi30k.py", "--config.data.source=files",
           f"--config.data.train_src={tmp_path / 'train.en'}",

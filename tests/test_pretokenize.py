@@ -9,7 +9,7 @@ import pytest
 from helpers import cli_overrides, run_cli, tiny_run_config
 
 from transformer.config import ConfigError, base_config, validate
-from transformer.data import cache_format, pretokenize, sources, vocab
+from transformer.data import cache_format, pretokenize, sources, text_files, vocab
 from transformer.evaluation import bleu
 from transformer.sweeps.grids import Grid, Variant
 from transformer.sweeps.plan import plan
@@ -22,7 +22,7 @@ def test_detokenized_output_tokenizes_back_to_the_models_own_tokens(lang):
   # output is multi-bleu of the model's tokens against the release's references.
   # (multi30k_tokenize of the bundled text is the release's file: tests/test_bleu.py)
   tokenized = [pretokenize.multi30k_tokenize(line, lang)
-               for line in sources.read_lines(sources.BUNDLED_DIR / f"val.{lang}.gz")]
+               for line in text_files.read_lines(sources.BUNDLED_DIR / f"val.{lang}.gz")]
   form = pretokenize.TextForm("multi30k", "en", lang)
   back = [pretokenize.multi30k_tokenize(form.output(line), lang) for line in tokenized]
   assert [i for i, (a, b) in enumerate(zip(back, tokenized)) if a != b] == []
@@ -30,7 +30,7 @@ def test_detokenized_output_tokenizes_back_to_the_models_own_tokens(lang):
 
 
 def test_lc_tok_bleu_of_the_detokenized_output_is_multi_bleu_of_the_tokens():
-  refs = sources.read_lines(sources.BUNDLED_DIR / "val.de.gz")[:300]
+  refs = text_files.read_lines(sources.BUNDLED_DIR / "val.de.gz")[:300]
   tokenized = [pretokenize.multi30k_tokenize(r, "de") for r in refs]
   hyps = [line.split(" ", 1)[-1] for line in tokenized]  # drop each line's first token
   form = pretokenize.TextForm("multi30k", "en", "de")
@@ -59,7 +59,7 @@ def test_training_reads_the_tokenized_text_and_its_caches_have_their_own_names(t
   assert src != plain[0]
   # Evaluation reads the raw text (sources and references as given).
   assert sources.load_split(cfg.data, "validation").source[0] == \
-      sources.read_lines(tmp_path / "val.en")[0]
+      text_files.read_lines(tmp_path / "val.en")[0]
   tokenized_names = cache_format.corpus_identity(cfg.data, "train"), vocab.dataset_key(cfg.data)
   cfg.data.pretokenize = "none"
   assert tokenized_names[0] != cache_format.corpus_identity(cfg.data, "train")

@@ -12,7 +12,7 @@ import tensorflow_datasets as tfds
 from helpers import tiny_run_config
 from tensorflow_datasets.core.download import downloader
 
-from transformer.data import sources
+from transformer.data import sources, text_files
 from transformer.data import vocab as vocab_lib
 from transformer.training import prepare
 from transformer.training.train import train_and_evaluate
@@ -25,8 +25,8 @@ FR_ONLY_FILES = ["un/undoc.2000.fr-en"]
 def write_wmt_fixture(root, lang: str, lines: int = 60) -> dict[str, list[str]]:
   """Writes every file the wmt14 builder reads for {lang}-en, from Multi30k sentences (fr: the
   German side stands in). Returns the English/foreign sentences of each split, in file order."""
-  en = sources.read_lines(sources.BUNDLED_DIR / "train.en.gz")
-  xx = sources.read_lines(sources.BUNDLED_DIR / "train.de.gz")
+  en = text_files.read_lines(sources.BUNDLED_DIR / "train.en.gz")
+  xx = text_files.read_lines(sources.BUNDLED_DIR / "train.de.gz")
   chunks = iter(range(0, 10_000, lines))
 
   def take():

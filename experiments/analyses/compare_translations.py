@@ -25,7 +25,7 @@ from absl import app, flags
 from sacrebleu.metrics import BLEU
 
 from transformer.cli import run_program
-from transformer.data import sources
+from transformer.data import sources, text_files
 from transformer.evaluation import bleu
 from transformer.sweeps import records, significance
 
@@ -40,7 +40,7 @@ def lowercased(lines: list[str]) -> bool:
 def compare(files: list[str], references: list[str], lang: str) -> list[dict]:
   """One row per file: both BLEUs, and for every file after the first its p against the first
   (sacreBLEU uncased where every file is lowercased: `uncased` in each row says which)."""
-  hyps = [sources.read_lines(f) for f in files]
+  hyps = [text_files.read_lines(f) for f in files]
   for path, lines in zip(files, hyps):
     if len(lines) != len(references):
       raise sources.DataError(f"{path} has {len(lines)} lines for {len(references)} references: "
@@ -71,7 +71,7 @@ def main(argv: list[str]) -> None:
     raise app.UsageError("pass --references=FILE --lang=LANG and at least two translation files "
                          "(the first is the baseline)")
   started = time.time()
-  rows = compare(files, sources.read_lines(FLAGS.references), FLAGS.lang)
+  rows = compare(files, text_files.read_lines(FLAGS.references), FLAGS.lang)
   sacre = "sacreBLEU, uncased" if rows[0]["uncased"] else "sacreBLEU"
   lines = [f"| translations | {sacre} | p vs first | lowercased tokenized BLEU | p vs first "
            "| its length / the references' | its BLEU without the brevity penalty |",

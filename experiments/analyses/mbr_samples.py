@@ -24,7 +24,7 @@ import numpy as np
 from absl import flags
 
 from transformer.cli import run_program
-from transformer.data import sources
+from transformer.data import sources, text_files
 from transformer.decoding import mbr
 from transformer.evaluation import bleu
 
@@ -64,9 +64,9 @@ def choices(hypotheses: list[dict], samples: list[str], temperature: float) -> d
 
 
 def main(_) -> None:
-  references = sources.read_lines(FLAGS.references)
-  nbest = [json.loads(line)["hypotheses"] for line in sources.read_lines(FLAGS.nbest)]
-  samples = sources.read_lines(FLAGS.samples)
+  references = text_files.read_lines(FLAGS.references)
+  nbest = [json.loads(line)["hypotheses"] for line in text_files.read_lines(FLAGS.nbest)]
+  samples = text_files.read_lines(FLAGS.samples)
   n = FLAGS.per_source
   if not len(nbest) == len(references) == len(samples) // n or len(samples) % n:
     raise sources.DataError(f"{len(nbest)} n-best lists, {len(samples)} samples ({n} a source) and "

@@ -18,7 +18,7 @@ import time
 from absl import flags
 
 from transformer.cli import run_program
-from transformer.data import sources
+from transformer.data import sources, text_files
 from transformer.evaluation import bleu
 from transformer.sweeps import records, test_sets
 
@@ -34,7 +34,7 @@ def split_lengths(files: dict[str, tuple[str, str]], src: str, tgt: str) -> list
   """{split: (source file, target file)} -> one row per split: sentences, tokens, their ratio."""
   rows = []
   for name, (source_file, target_file) in files.items():
-    source, target = sources.read_lines(source_file), sources.read_lines(target_file)
+    source, target = text_files.read_lines(source_file), text_files.read_lines(target_file)
     if len(source) != len(target):
       raise sources.DataError(f"{source_file} has {len(source):,} lines but {target_file} has "
                               f"{len(target):,}: pass aligned files")

@@ -18,7 +18,8 @@ an ensemble of the runs trained before it (TEACHERS' first pool), chosen on vali
 experiments/recipes/multi30k_teacher.py, which the same script runs first; its budget counts the
 teacher's runs and its translating. `distilled2` is its second generation: its teacher is chosen
 among the first student and the first teacher's runs; `distilled2_wd` and `distilled2_fi` are
-students of the same teacher with a lever its ensemble took, so that students can be ensembled.
+students of the same teacher with a lever its ensemble took, so that students can be ensembled, and
+`distilled2_mix` learns from the real pairs and the teacher's together (58,000 pairs).
 
 `vocab5k` learns its own vocabulary, so it cannot join the others' ensembles (they share one).
 
@@ -56,11 +57,16 @@ def teacher_targets(teacher: str) -> str:
   return f"{LEVERS_RECORD}/{teacher}/train.de.gz"
 
 
-def student(teacher: str) -> dict[str, str]:
+def student(teacher: str, originals: bool = False) -> dict[str, str]:
   """Overrides that train on the training sources paired with the teacher's translations (files
-  committed in the record, so any machine trains the student), validated on the real pairs."""
-  return {"data.source": "files", "data.train_src": f"{BUNDLED}/train.en.gz",
-          "data.train_tgt": teacher_targets(teacher), "data.eval_src": f"{BUNDLED}/val.en.gz",
+  committed in the record, so any machine trains the student), validated on the real pairs. With
+  `originals`, on the real pairs as well: each source twice, with its reference and with the
+  teacher's translation (two file pairs read as one corpus)."""
+  source, target = f"{BUNDLED}/train.en.gz", teacher_targets(teacher)
+  if originals:
+    source, target = f"{source},{source}", f"{BUNDLED}/train.de.gz,{target}"
+  return {"data.source": "files", "data.train_src": source,
+          "data.train_tgt": target, "data.eval_src": f"{BUNDLED}/val.en.gz",
           "data.eval_tgt": f"{BUNDLED}/val.de.gz", "data.vocab_file": TEACHER_VOCAB}
 
 
@@ -77,6 +83,7 @@ LEVERS = [  # in the order they train: those a machine finishes in ~2.5 hours fi
     Variant("distilled2", student("teacher2")),              # the first student among teachers
     # students of the second teacher with the levers its ensemble took: members of one ensemble
     Variant("distilled2_wd", {**student("teacher2"), "model.word_dropout": 0.1}),
+    Variant("distilled2_mix", student("teacher2", originals=True)),  # real and teacher's targets
     Variant("distilled2_fi", {**student("teacher2"), "model.qkv_init_gain": 2 ** -0.5}),
     Variant("attn_dropout", {"model.attention_dropout": 0.1}),
     Variant("smooth2", {"train.label_smoothing": 0.2}),

@@ -10,8 +10,6 @@ UTF-8) raise `DataError` naming the file and line, or the command that prepares 
 
 from __future__ import annotations
 
-import dataclasses
-import gzip
 import hashlib
 import os
 import re
@@ -20,11 +18,17 @@ from pathlib import Path
 from typing import ClassVar
 
 import ml_collections
-import numpy as np
 from etils import epath
 
 from transformer.data import pretokenize
-from transformer.errors import ConfigError, UserError
+from transformer.data.text_files import (
+  ConcatenatedPairs,
+  DataError,
+  ParallelText,
+  TextFilePairs,
+  read_parallel,
+)
+from transformer.errors import ConfigError
 from transformer.keys import Key
 
 BUNDLED_DIR = Path(__file__).parent / "multi30k"
@@ -34,10 +38,6 @@ MULTI30K_TEST_URLS = {  # not bundled; for users with a network.
     "test_2017_flickr": "https://github.com/multi30k/dataset/raw/master/data/task1/raw/test_2017_flickr.{lang}.gz",
     "test_2017_mscoco": "https://github.com/multi30k/dataset/raw/master/data/task1/raw/test_2017_mscoco.{lang}.gz",
 }
-
-
-class DataError(UserError, ValueError):
-  """Input data that cannot be used; the message says which file and what to do."""
 
 
 # C0 and C1 control characters but the line end: tabs, carriage returns inside a line, NULs, escapes.
@@ -56,19 +56,6 @@ def normalise_controls(lines: Sequence[str]) -> tuple[list[str], int]:
       line, changed = _CONTROL.sub(" ", line), changed + 1
     out.append(line)
   return out, changed
-
-
-@dataclasses.dataclass(frozen=True)
-class ParallelText:
-  source: list[str]
-  target: list[str]
-  name: str
-
-  def __len__(self) -> int:
-    return len(self.source)
-
-  def read(self, indices: Sequence[int]) -> tuple[list[str], list[str]]:
-    return [self.source[i] for i in indices], [self.target[i] for i in indices]
 
 
 class TfdsPairs:
@@ -154,94 +141,6 @@ def prepared_builder(name: str, data_dir: str | os.PathLike | None):
                     f"no random access; prepare it again with `{prepare_command(name, data_dir)}`")
   return builder
 
-def read_lines(path: str | os.PathLike) -> list[str]:
-  """Lines of a UTF-8 text file (gzip if it ends in .gz), without line endings."""
-  path = Path(path)
-  if not path.is_file():
-    raise DataError(f"data file not found: {path}")
-  opener = gzip.open if path.suffix == ".gz" else open
-  with opener(path, "rb") as f:
-    raw = f.read()
-  lines = raw.split(b"\n")
-  if lines and lines[-1] == b"":
-    lines.pop()
-  out = []
-  for number, line in enumerate(lines, start=1):
-    try:
-      out.append(line.decode("utf-8").rstrip("\r"))
-    except UnicodeDecodeError as e:
-      raise DataError(f"{path}:{number}: invalid UTF-8 ({e.reason} at byte {e.start}); "
-                      "re-encode the file as UTF-8") from None
-  return out
-
-
-class TextFilePairs:
-  """Random access to aligned text files without holding them as Python strings: the files' bytes
-  (mapped from disk; a .gz decompressed into memory) and the offsets of their line ends. A 40M-line
-  corpus costs its size on disk in page cache plus 8 bytes a line, instead of a list of str objects
-  several times its size."""
-
-  def __init__(self, src_path: str | os.PathLike, tgt_path: str | os.PathLike):
-    self.paths = (Path(src_path), Path(tgt_path))
-    self._data = [_file_bytes(p) for p in self.paths]
-    self._ends = [_line_ends(d) for d in self._data]
-    if len(self._ends[0]) != len(self._ends[1]):
-      raise DataError(f"{src_path} has {len(self._ends[0]):,} lines but {tgt_path} has "
-                      f"{len(self._ends[1]):,}; parallel files must have one sentence per line, "
-                      "aligned")
-    self.name = f"{src_path} -> {tgt_path}"
-
-  def __len__(self) -> int:
-    return len(self._ends[0])
-
-  def read(self, indices: Sequence[int]) -> tuple[list[str], list[str]]:
-    return self._lines(0, indices), self._lines(1, indices)
-
-  def _lines(self, side: int, indices: Sequence[int]) -> list[str]:
-    data, ends, out = self._data[side], self._ends[side], []
-    for i in indices:
-      start = int(ends[i - 1]) + 1 if i else 0
-      line = bytes(data[start:int(ends[i])]).rstrip(b"\r")
-      try:
-        out.append(line.decode("utf-8"))
-      except UnicodeDecodeError as e:
-        raise DataError(f"{self.paths[side]}:{int(i) + 1}: invalid UTF-8 ({e.reason} at byte "
-                        f"{e.start}); re-encode the file as UTF-8") from None
-    return out
-
-
-def _file_bytes(path: Path):
-  """The bytes of `path`: a read-only map of the file, or the decompressed bytes of a .gz."""
-  if not path.is_file():
-    raise DataError(f"data file not found: {path}")
-  if path.suffix == ".gz":
-    with gzip.open(path, "rb") as f:
-      return np.frombuffer(f.read(), np.uint8)
-  if path.stat().st_size == 0:
-    return np.zeros(0, np.uint8)
-  return np.memmap(path, np.uint8, mode="r")
-
-
-def _line_ends(data: np.ndarray, block: int = 1 << 26) -> np.ndarray:
-  """Offsets of the line ends ('\\n', or the end of a last line without one), found a block at a
-  time (a 20 GB file never needs a 20 GB mask)."""
-  ends = [np.flatnonzero(data[start:start + block] == ord("\n")) + start
-          for start in range(0, len(data), block)]
-  ends = np.concatenate(ends) if ends else np.zeros(0, np.int64)
-  if len(data) and data[-1] != ord("\n"):
-    ends = np.append(ends, len(data))
-  return ends
-
-
-def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> ParallelText:
-  """Aligned sentence pairs from two text files with one sentence per line."""
-  source, target = read_lines(src_path), read_lines(tgt_path)
-  if len(source) != len(target):
-    raise DataError(f"{src_path} has {len(source)} lines but {tgt_path} has {len(target)}; "
-                    "parallel files must have one sentence per line, aligned")
-  return ParallelText(source, target, name=f"{src_path} -> {tgt_path}")
-
-
 # ------------------------------------------------------------------------- the kinds of source
 
 class Source:
@@ -259,7 +158,8 @@ class Source:
     """Raises DataError where the split's data is missing or unreadable, in well under a second
     (metadata and a byte or two; `open` then finds whether the files pair up)."""
 
-  def open(self, data: ml_collections.ConfigDict, split: str) -> TfdsPairs | TextFilePairs:
+  def open(self, data: ml_collections.ConfigDict, split: str
+           ) -> TfdsPairs | TextFilePairs | ConcatenatedPairs:
     raise NotImplementedError
 
   def load(self, data: ml_collections.ConfigDict, split: str) -> ParallelText:
@@ -283,11 +183,12 @@ class Source:
 class TextSource(Source):
   """Parallel text files, one sentence per line (optionally gzipped)."""
 
-  def files(self, data: ml_collections.ConfigDict, split: str) -> tuple[Path, Path]:
+  def files(self, data: ml_collections.ConfigDict, split: str) -> list[tuple[Path, Path]]:
+    """The split's (source, target) file pairs, read one after the other."""
     raise NotImplementedError
 
   def check_files(self, data, split):
-    for path in self.files(data, split):
+    for path in (path for pair in self.files(data, split) for path in pair):
       if not path.is_file():
         raise DataError(f"data file not found: {path} (the {split} split)")
       try:
@@ -297,10 +198,14 @@ class TextSource(Source):
         raise DataError(f"cannot read {path} (the {split} split): {e.strerror}") from None
 
   def open(self, data, split):
-    return TextFilePairs(*self.files(data, split))
+    parts = [TextFilePairs(*pair) for pair in self.files(data, split)]
+    return parts[0] if len(parts) == 1 else ConcatenatedPairs(parts)
 
   def load(self, data, split):
-    return read_parallel(*self.files(data, split))
+    parts = [read_parallel(*pair) for pair in self.files(data, split)]
+    return ParallelText([s for part in parts for s in part.source],
+                        [t for part in parts for t in part.target],
+                        name=" + ".join(part.name for part in parts))
 
 
 class Multi30kSource(TextSource):
@@ -317,7 +222,8 @@ class Multi30kSource(TextSource):
       if not (BUNDLED_DIR / f"{stem}.{lang}.gz").is_file():
         raise DataError(f"the bundled Multi30k has languages en, de, fr; not {lang!r} "
                         "(use data.source='files' for other pairs)")
-    return (BUNDLED_DIR / f"{stem}.{data.src_lang}.gz", BUNDLED_DIR / f"{stem}.{data.tgt_lang}.gz")
+    return [(BUNDLED_DIR / f"{stem}.{data.src_lang}.gz",
+             BUNDLED_DIR / f"{stem}.{data.tgt_lang}.gz")]
 
   def identity(self, data, split):
     pair = f"{split}.{data.src_lang}-{data.tgt_lang}"
@@ -328,10 +234,12 @@ class Multi30kSource(TextSource):
 
 
 class FilesSource(TextSource):
-  """The user's own files: data.train_src/train_tgt and data.eval_src/eval_tgt."""
+  """The user's own files: data.train_src/train_tgt and data.eval_src/eval_tgt, each one file or
+  several joined by commas (the n-th source file aligned with the n-th target file), read in order
+  as one corpus: a corpus and its synthetic copy, say, without writing their concatenation."""
   name = "files"
-  keys = (Key("train_src", "", "for source='files': parallel text, one sentence per line",
-              fixed=True),
+  keys = (Key("train_src", "", "for source='files': parallel text, one sentence per line "
+              "(several files: comma-separated, aligned with train_tgt's)", fixed=True),
           Key("train_tgt", "", "", fixed=True),
           Key("eval_src", "", ""),
           Key("eval_tgt", "", ""))
@@ -340,24 +248,34 @@ class FilesSource(TextSource):
     for key in ("train_src", "train_tgt", "eval_src", "eval_tgt"):
       if not data[key]:
         raise ConfigError(f"config.data.{key} must name a text file when config.data.source='files'")
+    for side in ("train", "eval"):
+      src, tgt = (_listed(data[f"{side}_{end}"]) for end in ("src", "tgt"))
+      if len(src) != len(tgt):
+        raise ConfigError(f"config.data.{side}_src names {len(src)} file(s) but "
+                          f"config.data.{side}_tgt names {len(tgt)}; name one target file for "
+                          "each source file, in the same order, joined by commas")
 
   def files(self, data, split):
-    if split == data.train_split:
-      return Path(data.train_src), Path(data.train_tgt)
-    return Path(data.eval_src), Path(data.eval_tgt)
+    side = "train" if split == data.train_split else "eval"
+    return list(zip(_listed(data[f"{side}_src"]), _listed(data[f"{side}_tgt"])))
 
   def identity(self, data, split):
     pair = f"{split}.{data.src_lang}-{data.tgt_lang}"
-    files = [str(f.absolute()) for f in self.files(data, split)]
+    files = [str(f.absolute()) for pair_ in self.files(data, split) for f in pair_]
     stats = [(f, Path(f).stat().st_size, Path(f).stat().st_mtime_ns) if Path(f).is_file() else (f,)
              for f in files]
     return (f"files-{hashlib.sha256(repr(files).encode()).hexdigest()[:12]}.{pair}",
             f"files {stats} {pair}")
 
   def vocabulary_key(self, data):
-    stats = [(str(Path(f).absolute()), Path(f).stat().st_size, Path(f).stat().st_mtime_ns)
-             for f in (data.train_src, data.train_tgt) if Path(f).is_file()]
+    stats = [(str(f.absolute()), f.stat().st_size, f.stat().st_mtime_ns)
+             for f in _listed(data.train_src) + _listed(data.train_tgt) if f.is_file()]
     return "files-" + hashlib.sha256(repr(stats).encode()).hexdigest()[:12]
+
+
+def _listed(files: str) -> list[Path]:
+  """The files a data.*_src / *_tgt value names: one path, or several joined by commas."""
+  return [Path(f.strip()) for f in files.split(",") if f.strip()]
 
 
 class TfdsSource(Source):
@@ -412,7 +330,7 @@ def source_of(data: ml_collections.ConfigDict) -> Source:
 
 
 def open_split(data: ml_collections.ConfigDict, split: str
-               ) -> TfdsPairs | TextFilePairs | pretokenize.PretokenizedPairs:
+               ) -> TfdsPairs | TextFilePairs | ConcatenatedPairs | pretokenize.PretokenizedPairs:
   """Random access to the pairs of `split` for the config's source, in the run's text form
   (data.pretokenize): what training reads. Nothing is read up front (text files are mapped, their
   line ends indexed)."""

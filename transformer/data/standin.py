@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 from absl import flags
 
-from transformer.data import sources
+from transformer.data import sources, text_files
 from transformer.data.workers import worker_processes
 from transformer.files import disk_problem, writable_directory, write_atomically
 from transformer.hardware import usable_cpus
@@ -83,7 +83,7 @@ class _Generator:
   def __init__(self, shape: Shape, src_lang: str, tgt_lang: str):
     self.shape = shape
     self.langs = (src_lang, tgt_lang)
-    self.words = [[line.split() for line in sources.read_lines(
+    self.words = [[line.split() for line in text_files.read_lines(
         sources.BUNDLED_DIR / f"train.{lang}.gz")] for lang in self.langs]
     ranks = np.arange(1, shape.word_types + 1, dtype=np.float64)
     cdf = np.cumsum(ranks ** -shape.zipf_exponent)

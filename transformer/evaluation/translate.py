@@ -27,7 +27,7 @@ from absl import app, flags
 
 from transformer import progress
 from transformer.cli import define_progress_flag, run_program
-from transformer.data import pretokenize, sources
+from transformer.data import pretokenize, sources, text_files
 from transformer.decoding import translator
 from transformer.evaluation.evaluate import nbest_lines
 from transformer.files import writable_file, write_atomically
@@ -39,7 +39,7 @@ FLAGS = flags.FLAGS
 
 def read_input(input_file: str | None) -> list[str]:
   if input_file:
-    lines = sources.read_lines(input_file)
+    lines = text_files.read_lines(input_file)
   else:
     data = sys.stdin.buffer.read()
     try:
@@ -70,7 +70,7 @@ def main(argv: list[str]) -> None:
     raise app.UsageError("pass --workdir=DIR, the directory transformer-train wrote")
   progress.configure(FLAGS.progress)
   sentences = read_input(FLAGS.input_file)
-  targets = sources.read_lines(FLAGS.score) if FLAGS.score else None
+  targets = text_files.read_lines(FLAGS.score) if FLAGS.score else None
   search = translator.search_overrides()
   if FLAGS.output_file:  # before anything is loaded or decoded
     writable_file(FLAGS.output_file, "--output_file")

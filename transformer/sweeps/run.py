@@ -49,7 +49,7 @@ from ml_collections import config_flags
 from transformer import slurm
 from transformer.cli import run_program
 from transformer.config import validate
-from transformer.data import sources
+from transformer.data import sources, text_files
 from transformer.sweeps import by_length, consistency, hparams, records, results, test_sets
 from transformer.sweeps.execute import evaluated, keep_results, restore_results, run_all
 from transformer.sweeps.grids import Grid, load_grid
@@ -72,7 +72,7 @@ def tabulate(runs: list[Run], grid: Grid, base: ml_collections.ConfigDict, files
   tables = tables_folder(root, min_len)
   table = results.collect(runs)
   references = {"dev": sources.load_split(base.data, base.data.eval_split).target}
-  references.update({name: sources.read_lines(f["reference_file"]) for name, f in files.items()})
+  references.update({name: text_files.read_lines(f["reference_file"]) for name, f in files.items()})
   results.add_significance(table, runs, references, pairs)
   dev_sources = None
   if grid.by_length:
