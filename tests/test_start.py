@@ -6,7 +6,7 @@ import time
 import pytest
 from helpers import tiny_run_config
 
-from transformer.data import sources
+from transformer.data import text_files
 from transformer.data.loader import Loader
 from transformer.data.sources import DataError
 from transformer.metrics import read_metrics
@@ -18,8 +18,8 @@ def no_text(monkeypatch):
   """Makes any reading of a corpus's text an error (metadata stays allowed)."""
   def refuse(*args, **kwargs):
     raise AssertionError("the text was read")
-  monkeypatch.setattr(sources.TextFilePairs, "__init__", refuse)
-  monkeypatch.setattr(sources, "read_lines", refuse)
+  monkeypatch.setattr(text_files.TextFilePairs, "__init__", refuse)
+  monkeypatch.setattr(text_files, "read_lines", refuse)
 
 
 def test_a_start_with_built_caches_reads_no_text(tmp_path, monkeypatch):
