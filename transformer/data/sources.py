@@ -261,7 +261,7 @@ class FilesSource(TextSource):
 
   def identity(self, data, split):
     pair = f"{split}.{data.src_lang}-{data.tgt_lang}"
-    files = [str(f.absolute()) for pair_ in self.files(data, split) for f in pair_]
+    files = [str(f.absolute()) for both in self.files(data, split) for f in both]
     stats = [(f, Path(f).stat().st_size, Path(f).stat().st_mtime_ns) if Path(f).is_file() else (f,)
              for f in files]
     return (f"files-{hashlib.sha256(repr(files).encode()).hexdigest()[:12]}.{pair}",
