@@ -20,6 +20,9 @@ teacher's runs and its translating. `distilled2` is its second generation: its t
 among the first student and the first teacher's runs; `distilled2_wd` and `distilled2_fi` are
 students of the same teacher with a lever its ensemble took, so that students can be ensembled, and
 `distilled2_mix` learns from the real pairs and the teacher's together (58,000 pairs).
+`diversified` is data diversification (Nguyen et al., 2020): those 58,000 pairs and the training
+targets paired with their back-translations by a De->En model of the same shape (the `backward`
+teacher, made from experiments/recipes/multi30k_backward.py's run): 87,000 pairs.
 
 `vocab5k` learns its own vocabulary, so it cannot join the others' ensembles (they share one).
 
@@ -37,34 +40,56 @@ stopped. Variants whose difference is under the seeds' spread get more seeds
 (`--seeds=3 --only=NAME`).
 """
 
+import dataclasses
+
 from transformer.sweeps.grids import Grid, Variant
 
 LEVERS_RECORD = "experiments/results/multi30k_levers"
+BACKWARD_RECORD = "experiments/results/multi30k_backward"  # the De->En run (multi30k_backward.py)
 BUNDLED = "transformer/data/multi30k"
-# The distillation teachers, each an ensemble of its pool's kept models chosen on validation, whose
-# translations of the training sources experiments/recipes/multi30k_teacher.py writes in the
-# teacher's folder of the record (teacher_targets): {teacher: its pool}, in the order they are made.
-# The second teacher's pool holds the first student.
-TEACHERS = {"teacher": ("fairseq_init", "act_dropout", "word_dropout"),
-            "teacher2": ("distilled", "word_dropout", "fairseq_init", "act_dropout")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Teacher:
+  """An ensemble chosen on validation among `pool`, the kept runs of the grid recorded in `record`,
+  that translates the `source` side of the training pairs into the other language."""
+  pool: tuple[str, ...]
+  record: str = LEVERS_RECORD
+  source: str = "en"
+
+  @property
+  def target(self) -> str:
+    return "de" if self.source == "en" else "en"
+
+
+# The teachers, whose translations of the training pairs' side experiments/recipes/multi30k_teacher.py
+# writes in the teacher's folder of the levers' record (teacher_targets), in the order they are
+# made. The second teacher's pool holds the first student; `backward` back-translates the targets.
+TEACHERS = {"teacher": Teacher(("fairseq_init", "act_dropout", "word_dropout")),
+            "teacher2": Teacher(("distilled", "word_dropout", "fairseq_init", "act_dropout")),
+            "backward": Teacher(("de_en",), BACKWARD_RECORD, source="de")}
 # The teachers' vocabulary (every pool's runs share one), which the students keep (data.vocab_file),
 # so that they can join their teachers' runs in an ensemble.
 TEACHER_VOCAB = f"{LEVERS_RECORD}/runs/fairseq_init/seed0/model/vocab.model"
 
 
 def teacher_targets(teacher: str) -> str:
-  """The teacher's gzipped translations of the training sources, in its folder of the record."""
-  return f"{LEVERS_RECORD}/{teacher}/train.de.gz"
+  """The teacher's gzipped translations of its side of the training pairs, in its folder of the
+  levers' record."""
+  return f"{LEVERS_RECORD}/{teacher}/train.{TEACHERS[teacher].target}.gz"
 
 
-def student(teacher: str, originals: bool = False) -> dict[str, str]:
+def student(teacher: str, originals: bool = False, backward: str = "") -> dict[str, str]:
   """Overrides that train on the training sources paired with the teacher's translations (files
   committed in the record, so any machine trains the student), validated on the real pairs. With
   `originals`, on the real pairs as well: each source twice, with its reference and with the
-  teacher's translation (two file pairs read as one corpus)."""
+  teacher's translation (file pairs read as one corpus). With a `backward` teacher, also each
+  training target paired with its back-translation."""
   source, target = f"{BUNDLED}/train.en.gz", teacher_targets(teacher)
   if originals:
     source, target = f"{source},{source}", f"{BUNDLED}/train.de.gz,{target}"
+  if backward:
+    source, target = f"{source},{teacher_targets(backward)}", f"{target},{BUNDLED}/train.de.gz"
   return {"data.source": "files", "data.train_src": source,
           "data.train_tgt": target, "data.eval_src": f"{BUNDLED}/val.en.gz",
           "data.eval_tgt": f"{BUNDLED}/val.de.gz", "data.vocab_file": TEACHER_VOCAB}
@@ -84,6 +109,7 @@ LEVERS = [  # in the order they train: those a machine finishes in ~2.5 hours fi
     # students of the second teacher with the levers its ensemble took: members of one ensemble
     Variant("distilled2_wd", {**student("teacher2"), "model.word_dropout": 0.1}),
     Variant("distilled2_mix", student("teacher2", originals=True)),  # real and teacher's targets
+    Variant("diversified", student("teacher2", originals=True, backward="backward")),  # and BT
     Variant("distilled2_fi", {**student("teacher2"), "model.qkv_init_gain": 2 ** -0.5}),
     Variant("attn_dropout", {"model.attention_dropout": 0.1}),
     Variant("smooth2", {"train.label_smoothing": 0.2}),

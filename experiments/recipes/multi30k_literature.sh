@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Multi30k against its literature, one queue: Wu et al.'s Transformer-Tiny reproduced (three seeds,
 # scored on validation and the three test sets, experiments/results/multi30k_wu_tiny/), then the
-# levers on it (one seed each, validation only, experiments/results/multi30k_levers/). Each grid
+# levers on it (one seed each, validation only, experiments/results/multi30k_levers/), with the
+# De->En run some of them learn from (experiments/results/multi30k_backward/). Each grid
 # resumes where it stopped and restores what its record holds, so the same line continues the queue
 # wherever it was; run it at low priority beside other work:
 #   bash experiments/recipes/multi30k_literature.sh TEST_DIR [--parallel=N]
-# with `../shared/tools/commit-records` (or any committer) on both record folders. Before the
+# with `../shared/tools/commit-records` (or any committer) on each of the three record folders. Before the
 # levers start, two runs are reused rather than trained again: the levers' first row is the
 # reproduction's seed 0 (same config, same seed: copied from its record), and `steps16k` seed 0 is
 # that run continued from its step-8,000 checkpoint (the inverse square root schedule has no end,
@@ -13,7 +14,8 @@
 # run whose stored train.steps is below the planned ones). The levers' `distilled` trains on the
 # training sources' translations by an ensemble of the levers trained before it, chosen on
 # validation and made once (experiments/recipes/multi30k_teacher.py) after they have trained;
-# `distilled2` on those of a second teacher whose pool holds the first student.
+# `distilled2` on those of a second teacher whose pool holds the first student; `diversified` also
+# on the training targets' back-translations by the De->En run of multi30k_backward.py.
 set -euo pipefail
 test_dir=${1:?"pass the folder of Multi30k's test sets (test_2016_flickr.en.gz, ...; see docs/experiments.md)"}
 root=runs/experiments
@@ -34,8 +36,12 @@ if [[ ! -e $longer && -e $root/multi30k_wu_tiny/wu_tiny/seed0/checkpoints/8000 ]
 fi
 levers=(transformer-experiment experiments/recipes/multi30k_levers.py --base=configs/multi30k_tiny.py
         --seeds=1 --root=$root/multi30k_levers --record=experiments/results/multi30k_levers "${@:2}")
-# The teacher's runs first, then the teacher (distilled's targets), then the rest of the levers.
+# The teacher's runs first, then the De->En run that back-translates the training targets, then
+# the teachers (the students' targets), then the rest of the levers.
 "${levers[@]}" --only="$(python -c 'from experiments.recipes.multi30k_levers import TEACHERS as t
-print(",".join(t["teacher"]))')" || echo "a run of the teacher's failed (above): the teacher waits, the other levers go on" >&2
+print(",".join(t["teacher"].pool))')" || echo "a run of the teacher's failed (above): the teacher waits, the other levers go on" >&2
+transformer-experiment experiments/recipes/multi30k_backward.py --base=configs/multi30k_tiny.py \
+  --seeds=1 --root=$root/multi30k_backward --record=experiments/results/multi30k_backward "${@:2}" \
+  || echo "the De->En run failed (above): the back-translations wait, the other levers go on" >&2
 python -m experiments.recipes.multi30k_teacher
 "${levers[@]}"

@@ -7,8 +7,10 @@ sources paired with the teacher's translations. Each teacher of TEACHERS is made
 the levers grid trains before its student (their kept models in the record, so that it can be made
 on any machine): greedy forward selection on the validation set (experiments/analyses/
 ensemble_selection.py) chooses the ensemble, which translates the training sources with the runs'
-search (beam 5). The teacher's folder of the record holds the selection's table and the
-translations, gzipped (teacher_targets, which the student's config reads), so it is made once.
+search (beam 5). The `backward` teacher is the De->En run of experiments/recipes/multi30k_backward.py
+(its own record), which translates the training targets instead (back-translation). The teacher's
+folder of the levers' record holds the selection's table and the translations, gzipped
+(teacher_targets, which the students' configs read), so it is made once.
 
 A teacher whose pool is not all kept yet says which runs are missing and is not made (its student
 then fails alone and the other variants train); one whose translations exist is left alone.
@@ -25,7 +27,13 @@ import time
 from pathlib import Path
 
 from experiments.analyses import ensemble_selection
-from experiments.recipes.multi30k_levers import BUNDLED, LEVERS_RECORD, TEACHERS, teacher_targets
+from experiments.recipes.multi30k_levers import (
+  BUNDLED,
+  LEVERS_RECORD,
+  TEACHERS,
+  Teacher,
+  teacher_targets,
+)
 from transformer.cli import run_program
 from transformer.sweeps import records
 from transformer.training import params_file
@@ -56,35 +64,36 @@ def translate(members: list[str], source: str, target: Path) -> None:
   partial.unlink()
 
 
-def make(teacher: str, pool: tuple[str, ...]) -> None:
+def make(name: str, teacher: Teacher) -> None:
   """The teacher's selection and translations, unless made already or its pool is not all kept."""
-  target = Path(teacher_targets(teacher))
+  target = Path(teacher_targets(name))
   if target.is_file():
-    print(f"The translations of {teacher} are made already: {target}")
+    print(f"The translations of {name} are made already: {target}")
     return
-  kept, missing = pool_models(pool)
+  kept, missing = pool_models(teacher.pool, Path(teacher.record))
   if missing:
-    print(f"{teacher} waits for the kept models of {', '.join(missing)} (the levers grid trains "
-          f"them before its student); its student fails alone until then.")
+    print(f"{name} waits for the kept models of {', '.join(missing)} (the grid of {teacher.record} "
+          f"trains them before its students); its students fail alone until then.")
     return
   start = time.time()
   rounds = ensemble_selection.select(kept)
   members = [kept[i] for i in rounds[-1]["members"]]
   target.parent.mkdir(parents=True, exist_ok=True)
-  translate(members, f"{BUNDLED}/train.en.gz", target)
-  text = (f"# The distillation teacher `{teacher}`, chosen on validation\n\n"
+  source = f"{BUNDLED}/train.{teacher.source}.gz"
+  translate(members, source, target)
+  text = (f"# The distillation teacher `{name}`, chosen on validation\n\n"
           f"{ensemble_selection.table(kept, rounds)}\n"
-          f"Chosen: {', '.join(members)}. They translated `{BUNDLED}/train.en.gz` (their search: "
-          f"beam 5) into `{target.name}`, the targets of its student in the levers grid.\n")
-  records.record_table(text, target.parent, f"Multi30k distillation teacher {teacher}",
+          f"Chosen: {', '.join(members)}. They translated `{source}` (their search: "
+          f"beam 5) into `{target.name}`, training pairs of its students in the levers grid.\n")
+  records.record_table(text, target.parent, f"Multi30k distillation teacher {name}",
                        time.time() - start, "experiments.recipes.multi30k_teacher")
   print(text)
 
 
 def main(argv: list[str]) -> None:
   del argv
-  for teacher, pool in TEACHERS.items():
-    make(teacher, pool)
+  for name, teacher in TEACHERS.items():
+    make(name, teacher)
 
 
 if __name__ == "__main__":

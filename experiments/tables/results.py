@@ -180,7 +180,7 @@ def _levers_ensemble_row() -> list[str]:
   folder, members, teacher = LEVERS_ENSEMBLE
   if not (RESULTS / folder / "results.md").is_file():
     return []
-  trained = sorted({*members, *TEACHERS[teacher]})
+  trained = sorted({*members, *TEACHERS[teacher].pool})
   hours = sum(_alone_hours(LEVERS_RUNS / name / "seed0") for name in trained)
   readme = (RESULTS / "multi30k_levers" / teacher / "README.md").read_text()
   hours += float(re.search(r"wall time: ([\d.]+) min", readme).group(1)) / 60
