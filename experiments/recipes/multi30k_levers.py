@@ -106,10 +106,11 @@ LEVERS = [  # in the order they train: those a machine finishes in ~2.5 hours fi
                           "data.tokens_per_batch": 4096,    # the tokens, each passed twice: an
                           "train.grad_accum_steps": 2}),    # update costs 1.28x the reproduction's
     Variant("distilled2", student("teacher2")),              # the first student among teachers
+    # students of the second teacher on more pairs: data diversification (with back-translations)
+    Variant("diversified", student("teacher2", originals=True, backward="backward")),
+    Variant("distilled2_mix", student("teacher2", originals=True)),  # real and teacher's targets
     # students of the second teacher with the levers its ensemble took: members of one ensemble
     Variant("distilled2_wd", {**student("teacher2"), "model.word_dropout": 0.1}),
-    Variant("distilled2_mix", student("teacher2", originals=True)),  # real and teacher's targets
-    Variant("diversified", student("teacher2", originals=True, backward="backward")),  # and BT
     Variant("distilled2_fi", {**student("teacher2"), "model.qkv_init_gain": 2 ** -0.5}),
     Variant("attn_dropout", {"model.attention_dropout": 0.1}),
     Variant("smooth2", {"train.label_smoothing": 0.2}),
