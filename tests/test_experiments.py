@@ -84,15 +84,28 @@ def test_bad_variants_and_grids_are_named():
     load_grid("table4")
 
 
+def test_a_grid_file_that_imports_what_is_not_installed_is_refused_with_the_reason(tmp_path):
+  (tmp_path / "shared_levers.py").write_text("STEPS = 100\n")
+  recipe = tmp_path / "mine.py"
+  recipe.write_text("from shared_levers import STEPS\n\ndef get_grid():\n  return None\n")
+  with pytest.raises(ConfigError, match=r"grid file .*mine.py cannot import shared_levers .*"
+                                        r"imports installed packages only"):
+    load_grid(str(recipe))
+
+
 RECIPE_GRIDS = sorted(p.name for p in (REPO / "experiments/recipes").glob("*.py")
                      if "def get_grid" in p.read_text())
 
 
 @pytest.mark.parametrize("name", RECIPE_GRIDS)
-def test_every_recipe_grid_plans_on_the_base_config_its_command_names(name):
+def test_every_recipe_grid_plans_on_the_base_config_its_command_names(name, monkeypatch):
   recipe = REPO / "experiments/recipes" / name
   base = re.search(r"--base=(configs/\w+\.py)", recipe.read_text())
   assert base, f"{name}'s docstring gives no command with --base=configs/..."
+  # as transformer-experiment loads it: the project's folder is not on the path
+  monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != REPO])
+  for module in [m for m in sys.modules if m.split(".")[0] in ("experiments", "configs")]:
+    monkeypatch.delitem(sys.modules, module)
   grid = load_grid(str(recipe))
   for variant in grid.variants:  # every key exists, every value validates, enough checkpoints kept
     check_averaging(grid, variant, variant_config(load_config(REPO / base[1]), variant, 0))

@@ -124,7 +124,12 @@ def load_grid(name_or_path: str) -> Grid:
     raise ConfigError(f"grid file {path} not found")
   spec = importlib.util.spec_from_file_location(f"grid_{path.stem}", path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  try:
+    spec.loader.exec_module(module)
+  except ImportError as e:  # a console script puts neither the file's folder nor the cwd on the path
+    raise ConfigError(f"grid file {path} cannot import {e.name or 'a module'} ({e}): a grid file is "
+                      "loaded by its path, so it imports installed packages only (transformer and "
+                      "its dependencies), not the files beside it; write what it needs into it") from None
   if not hasattr(module, "get_grid"):
     raise ConfigError(f"{path} has no get_grid() function returning an transformer.sweeps.grids.Grid")
   grid = module.get_grid()
