@@ -1,0 +1,2 @@
+# multi30k_backward: every run's commands (train && evaluate), one line each
+transformer-train --config=configs/multi30k_tiny.py --config.data.src_lang=de --config.data.tgt_lang=en --config.seed=0 --workdir=runs/experiments/multi30k_backward/de_en/seed0 && transformer-eval --workdir=runs/experiments/multi30k_backward/de_en/seed0 --step=8000 --average_last=10 --split=validation && transformer-average --workdir=runs/experiments/multi30k_backward/de_en/seed0 --last=10 --output=runs/experiments/multi30k_backward/de_en/seed0/model --params_only --dtype=float16
